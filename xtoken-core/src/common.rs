@@ -1,0 +1,117 @@
+//! The common set C of token pairs that the hybrid losses supervise with direct KL: GOLD's strict
+//! 1-to-1 set (paper Eq. "gold_common") and H-KL's relaxed set, extended through W's top-1.
+
+use crate::matching::{ExactMatcher, Partners};
+use crate::projection::SparseProjection;
+use crate::vocab::Vocabulary;
+
+/// A 1-to-1 set of `(student id, teacher id)` pairs: no student and no teacher id occurs twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommonSet {
+    pairs: Vec<(u32, u32)>,
+    student_in: Vec<bool>,
+}
+
+impl CommonSet {
+    /// GOLD's strict set: pairs whose canonical strings are equal (or special tokens paired by
+    /// role) and that are each other's only exact partner.
+    pub fn strict(student: &Vocabulary, teacher: &Vocabulary) -> Self {
+        let forward = ExactMatcher::new(student, teacher);
+        let backward = ExactMatcher::new(teacher, student);
+        let sole = |p: Partners| match p {
+            Partners::Text(ids) if ids.len() == 1 => Some(ids[0]),
+            Partners::Special(id) => Some(id),
+            _ => None,
+        };
+        let pairs = student
+            .tokens()
+            .iter()
+            .enumerate()
+            .filter_map(|(s, token)| {
+                let t = sole(forward.partners(token))?;
+                let back = sole(backward.partners(&teacher.tokens()[t as usize]))?;
+                (back == s as u32).then_some((s as u32, t))
+            })
+            .collect();
+        Self::from_pairs(pairs, student.size())
+    }
+
+    /// H-KL's relaxed set: the strict set extended by `(s, argmax_t W[s,t])` for every student row
+    /// not yet in it whose top entry is non-zero. Strict pairs keep priority; a teacher token
+    /// claimed by several rows goes to the heaviest `W[s,t]` (ties: the lowest student id).
+    pub fn relaxed(strict: &CommonSet, w: &SparseProjection) -> Self {
+        let mut claimed: std::collections::HashMap<u32, (f32, u32)> =
+            std::collections::HashMap::new();
+        let taken: std::collections::HashSet<u32> = strict.pairs.iter().map(|&(_, t)| t).collect();
+        for s in 0..w.student_vocab_size() as u32 {
+            if strict.contains_student(s) {
+                continue;
+            }
+            let Some((t, weight)) = w.top1(s) else {
+                continue;
+            };
+            if taken.contains(&t) {
+                continue;
+            }
+            let entry = claimed.entry(t).or_insert((weight, s));
+            if weight > entry.0 {
+                *entry = (weight, s);
+            }
+        }
+        let mut pairs = strict.pairs.clone();
+        pairs.extend(claimed.into_iter().map(|(t, (_, s))| (s, t)));
+        pairs.sort_unstable();
+        Self::from_pairs(pairs, w.student_vocab_size().max(strict.student_in.len()))
+    }
+
+    fn from_pairs(pairs: Vec<(u32, u32)>, student_size: usize) -> Self {
+        let mut student_in = vec![false; student_size];
+        for &(s, _) in &pairs {
+            if let Some(slot) = student_in.get_mut(s as usize) {
+                *slot = true;
+            }
+        }
+        CommonSet { pairs, student_in }
+    }
+
+    /// The pairs, sorted by student id.
+    pub fn pairs(&self) -> &[(u32, u32)] {
+        &self.pairs
+    }
+
+    /// Number of pairs, |C|.
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    /// Whether student token `s` is in a pair.
+    pub fn contains_student(&self, s: u32) -> bool {
+        self.student_in.get(s as usize).copied().unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relaxed_keeps_strict_pairs_and_gives_contested_tokens_to_the_heaviest() {
+        let strict = CommonSet::from_pairs(vec![(0, 0)], 4);
+        let rows = vec![
+            vec![(0, 1.0)],             // strict pair
+            vec![(0, 1.0)],             // wants teacher 0, already taken by the strict pair
+            vec![(1, 0.6), (2, 0.4)],   // top-1 teacher 1 with 0.6
+            vec![(1, 0.9), (3, 0.1)],   // top-1 teacher 1 with 0.9: wins
+        ];
+        let w = SparseProjection::from_rows(&rows, 4, 4, None).unwrap();
+        let relaxed = CommonSet::relaxed(&strict, &w);
+        assert_eq!(relaxed.pairs(), &[(0, 0), (3, 1)]);
+        let teachers: std::collections::HashSet<_> = relaxed.pairs().iter().map(|p| p.1).collect();
+        assert_eq!(teachers.len(), relaxed.len(), "1-to-1");
+    }
+}

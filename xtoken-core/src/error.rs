@@ -1,0 +1,98 @@
+//! The one error type of the host algorithms: every variant names the file, field or token at fault.
+
+use std::path::PathBuf;
+
+/// Errors of tokenizer loading, projection building, storage and auditing.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A directory was given but holds no `tokenizer.json`.
+    #[error("{dir}: no tokenizer.json in this directory")]
+    NoTokenizerJson { dir: PathBuf },
+
+    /// `tokenizer.json` could not be parsed by the `tokenizers` crate.
+    #[error("{path}: not a valid Hugging Face tokenizer.json: {message}")]
+    TokenizerParse { path: PathBuf, message: String },
+
+    /// The tokenizer is of a family whose token surfaces we cannot turn into exact bytes.
+    #[error("{path}: unsupported tokenizer ({detail}); xtoken supports byte-level BPE (GPT-2, Llama-3, Qwen, Phi-4) and SentencePiece-style tokenizers (▁ spaces, <0xHH> byte fallback)")]
+    UnsupportedTokenizer { path: PathBuf, detail: String },
+
+    /// A JSON side file (`tokenizer_config.json`, `special_tokens_map.json`) is malformed.
+    #[error("{path}: field `{field}`: {message}")]
+    BadConfigField {
+        path: PathBuf,
+        field: String,
+        message: String,
+    },
+
+    /// A JSON side file is not valid JSON.
+    #[error("{path}: invalid JSON: {message}")]
+    BadJson { path: PathBuf, message: String },
+
+    /// A padded vocabulary size was smaller than the tokenizer's own vocabulary.
+    #[error("{path}: vocabulary size {requested} is smaller than the tokenizer's {actual} ids")]
+    VocabSizeTooSmall {
+        path: PathBuf,
+        requested: usize,
+        actual: usize,
+    },
+
+    /// Encoding a text with a tokenizer failed.
+    #[error("{path}: encoding {text:?} failed: {message}")]
+    Encode {
+        path: PathBuf,
+        text: String,
+        message: String,
+    },
+
+    /// A projection parameter is out of its valid range.
+    #[error("projection parameter `{name}` = {value}: {why}")]
+    BadParameter {
+        name: &'static str,
+        value: String,
+        why: &'static str,
+    },
+
+    /// A stored projection file is malformed.
+    #[error("{path}: {message}")]
+    BadProjectionFile { path: PathBuf, message: String },
+
+    /// A stored projection was built from other tokenizer files than the ones given.
+    #[error("{path}: built for {side} tokenizer with sha256 {expected}, but {given} has sha256 {actual}")]
+    ProvenanceMismatch {
+        path: PathBuf,
+        side: &'static str,
+        expected: String,
+        given: PathBuf,
+        actual: String,
+    },
+
+    /// A token given by text or id does not exist in the vocabulary.
+    #[error("{path}: no token {token}")]
+    UnknownToken { path: PathBuf, token: String },
+
+    /// An audit category name is not one of the known categories.
+    #[error("unknown audit category `{name}`; known: {known}")]
+    UnknownCategory { name: String, known: String },
+}
+
+/// Result with the crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wraps an I/O error with the path it concerns.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
