@@ -310,7 +310,9 @@ impl AuditReport {
         );
         let mut sums = [0usize; 4];
         for c in &self.categories {
-            let label = Category::parse(c.name).map(Category::label).unwrap_or(c.name);
+            let label = Category::parse(c.name)
+                .map(Category::label)
+                .unwrap_or(c.name);
             out += &format!(
                 "| {label} | `{}` | {} | {} | {} | {} |\n",
                 c.name,
@@ -319,7 +321,10 @@ impl AuditReport {
                 cell(c.relaxed, c.total),
                 cell(c.projected, c.total)
             );
-            for (sum, v) in sums.iter_mut().zip([c.total, c.common, c.relaxed, c.projected]) {
+            for (sum, v) in sums
+                .iter_mut()
+                .zip([c.total, c.common, c.relaxed, c.projected])
+            {
                 *sum += v;
             }
         }
@@ -359,7 +364,10 @@ mod tests {
         assert_eq!(Category::of(n, b"_init"), Category::OtherAscii);
         assert_eq!(Category::of(n, "²".as_bytes()), Category::NonAscii);
         assert_eq!(Category::of(n, &[0xE2]), Category::NonAscii);
-        assert_eq!(Category::of(TokenKind::ByteFallback, b"A"), Category::ByteFallback);
+        assert_eq!(
+            Category::of(TokenKind::ByteFallback, b"A"),
+            Category::ByteFallback
+        );
         assert_eq!(Category::of(TokenKind::Special, b"<s>"), Category::Special);
     }
 
@@ -400,6 +408,9 @@ mod tests {
     #[test]
     fn unknown_category_lists_the_known_ones() {
         let err = Category::parse("digits_9").unwrap_err().to_string();
-        assert!(err.contains("digits_9") && err.contains("ascii_punct"), "{err}");
+        assert!(
+            err.contains("digits_9") && err.contains("ascii_punct"),
+            "{err}"
+        );
     }
 }

@@ -103,10 +103,10 @@ mod tests {
     fn relaxed_keeps_strict_pairs_and_gives_contested_tokens_to_the_heaviest() {
         let strict = CommonSet::from_pairs(vec![(0, 0)], 4);
         let rows = vec![
-            vec![(0, 1.0)],             // strict pair
-            vec![(0, 1.0)],             // wants teacher 0, already taken by the strict pair
-            vec![(1, 0.6), (2, 0.4)],   // top-1 teacher 1 with 0.6
-            vec![(1, 0.9), (3, 0.1)],   // top-1 teacher 1 with 0.9: wins
+            vec![(0, 1.0)],           // strict pair
+            vec![(0, 1.0)],           // wants teacher 0, already taken by the strict pair
+            vec![(1, 0.6), (2, 0.4)], // top-1 teacher 1 with 0.6
+            vec![(1, 0.9), (3, 0.1)], // top-1 teacher 1 with 0.9: wins
         ];
         let w = SparseProjection::from_rows(&rows, 4, 4, None).unwrap();
         let relaxed = CommonSet::relaxed(&strict, &w);

@@ -556,7 +556,9 @@ impl SparseProjection {
         let Some(p) = &w.provenance else {
             return Err(Error::BadProjectionFile {
                 path: path.to_path_buf(),
-                message: "no student_sha256/teacher_sha256 metadata to verify the tokenizers against".into(),
+                message:
+                    "no student_sha256/teacher_sha256 metadata to verify the tokenizers against"
+                        .into(),
             });
         };
         for (side, expected, vocab) in [
@@ -681,7 +683,11 @@ mod tests {
         let spans = [2usize, 3, 4];
         let rows: Vec<Vec<(u32, f64)>> = spans
             .iter()
-            .map(|&l| (0..l).map(|i| (i as u32, 0.9 * 0.1f64.powi(i as i32))).collect())
+            .map(|&l| {
+                (0..l)
+                    .map(|i| (i as u32, 0.9 * 0.1f64.powi(i as i32)))
+                    .collect()
+            })
             .collect();
         let w = SparseProjection::from_rows(&rows, 8, 4, None).unwrap();
         let got: Vec<Vec<f32>> = (0..3).map(|s| w.row(s).map(|(_, v)| v).collect()).collect();
@@ -736,8 +742,14 @@ mod tests {
         let idx: Vec<u8> = [0i32, -1].iter().flat_map(|v| v.to_le_bytes()).collect();
         let wts: Vec<u8> = [0.5f32, 0.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         let views = [
-            ("indices", TensorView::new(Dtype::I32, vec![1, 2], &idx).unwrap()),
-            ("weights", TensorView::new(Dtype::F32, vec![1, 2], &wts).unwrap()),
+            (
+                "indices",
+                TensorView::new(Dtype::I32, vec![1, 2], &idx).unwrap(),
+            ),
+            (
+                "weights",
+                TensorView::new(Dtype::F32, vec![1, 2], &wts).unwrap(),
+            ),
         ];
         std::fs::write(&bad, safetensors::serialize(views, None).unwrap()).unwrap();
         let err = SparseProjection::load(&bad).unwrap_err().to_string();

@@ -196,7 +196,9 @@ impl Vocabulary {
         std::thread::scope(|scope| {
             let t = scope.spawn(|| Vocabulary::load_padded(&teacher.0, teacher.1));
             let s = Vocabulary::load_padded(&student.0, student.1);
-            let t = t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            let t = t
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             Ok((s?, t?))
         })
     }
@@ -282,7 +284,10 @@ impl Vocabulary {
                 text: texts.first().map(|t| t.to_string()).unwrap_or_default(),
                 message: e.to_string(),
             })?;
-        Ok(encodings.into_iter().map(|e| e.get_ids().to_vec()).collect())
+        Ok(encodings
+            .into_iter()
+            .map(|e| e.get_ids().to_vec())
+            .collect())
     }
 }
 

@@ -15,7 +15,11 @@ use xtoken_core::projection::{EmptyReason, ProjectionParams, RowSource, SparsePr
 use xtoken_core::vocab::{TokenKind, Vocabulary};
 
 #[derive(Parser)]
-#[command(name = "xtoken", version, about = "Cross-tokenizer knowledge distillation (X-Token) on burn")]
+#[command(
+    name = "xtoken",
+    version,
+    about = "Cross-tokenizer knowledge distillation (X-Token) on burn"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -140,7 +144,11 @@ struct AuditArgs {
     #[arg(long)]
     json: bool,
     /// Critical categories, comma-separated: P-KL is recommended when one falls mostly outside C.
-    #[arg(long, value_delimiter = ',', default_value = "digits_1,digits_2,digits_3")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "digits_1,digits_2,digits_3"
+    )]
     critical: Vec<String>,
     /// Fraction of a critical category that must be in C for H-KL.
     #[arg(long, default_value_t = 0.5)]
