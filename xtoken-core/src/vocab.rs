@@ -277,17 +277,29 @@ impl Vocabulary {
     /// and no SentencePiece prefix space inserted, so the ids decode to exactly the text.
     pub fn encode_pieces(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
         let encoder = self.piece_encoder.as_ref().unwrap_or(&self.tokenizer);
-        let encodings = encoder
-            .encode_batch_fast(texts.to_vec(), false)
-            .map_err(|e| Error::Encode {
-                path: self.path.clone(),
-                text: texts.first().map(|t| t.to_string()).unwrap_or_default(),
-                message: e.to_string(),
-            })?;
-        Ok(encodings
-            .into_iter()
-            .map(|e| e.get_ids().to_vec())
-            .collect())
+        match encoder.encode_batch_fast(texts.to_vec(), false) {
+            Ok(encodings) => Ok(encodings
+                .into_iter()
+                .map(|e| e.get_ids().to_vec())
+                .collect()),
+            // The batch error does not say which text failed: find it, to name it.
+            Err(batch_error) => {
+                for text in texts {
+                    if let Err(e) = encoder.encode_fast(*text, false) {
+                        return Err(Error::Encode {
+                            path: self.path.clone(),
+                            text: text.to_string(),
+                            message: e.to_string(),
+                        });
+                    }
+                }
+                Err(Error::Encode {
+                    path: self.path.clone(),
+                    text: format!("a batch of {} texts", texts.len()),
+                    message: batch_error.to_string(),
+                })
+            }
+        }
     }
 }
 
