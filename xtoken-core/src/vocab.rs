@@ -470,25 +470,16 @@ fn read_config_roles(dir: &Path) -> Result<HashMap<String, Vec<SpecialRole>>> {
         for (field, role) in FIELDS {
             let content = match json.get(field) {
                 None | Some(Value::Null) => continue,
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Object(o)) => match o.get("content") {
-                    Some(Value::String(s)) => s.clone(),
-                    _ => {
-                        return Err(Error::BadConfigField {
-                            path: file.clone(),
-                            field: field.into(),
-                            message: "expected a string or an object with a string `content`"
-                                .into(),
-                        })
-                    }
-                },
-                Some(_) => {
-                    return Err(Error::BadConfigField {
-                        path: file.clone(),
-                        field: field.into(),
-                        message: "expected a string or an object with a string `content`".into(),
-                    })
-                }
+                Some(Value::String(s)) => Some(s.as_str()),
+                Some(Value::Object(o)) => o.get("content").and_then(Value::as_str),
+                Some(_) => None,
+            };
+            let Some(content) = content.map(str::to_string) else {
+                return Err(Error::BadConfigField {
+                    path: file.clone(),
+                    field: field.into(),
+                    message: "expected a string or an object with a string `content`".into(),
+                });
             };
             let entry = roles.entry(content).or_default();
             if !entry.contains(&role) {
