@@ -1,8 +1,10 @@
 //! Tests on the real Llama-3.2, Qwen3, Phi-4-mini, Llama-2 and GPT-2 tokenizer files, read from
 //! `XTOKEN_TOKENIZERS_DIR` (CI: `../shared/tokenizers`). Without it they are ignored, with a reason.
 
-use std::path::PathBuf;
+mod support;
+
 use std::sync::OnceLock;
+use support::tokenizers_dir;
 
 use proptest::prelude::*;
 use xtoken::core::audit::{self, AuditOptions, LossChoice};
@@ -11,20 +13,6 @@ use xtoken::core::common::CommonSet;
 use xtoken::core::projection::{BuildReport, ProjectionParams, RowSource, SparseProjection};
 use xtoken::core::vocab::{TokenKind, Vocabulary};
 use xtoken::core::Error;
-
-const NEEDS: &str = "needs XTOKEN_TOKENIZERS_DIR (the real tokenizers, e.g. ../shared/tokenizers)";
-
-fn tokenizers_dir() -> PathBuf {
-    let dir = std::env::var("XTOKEN_TOKENIZERS_DIR")
-        .ok()
-        .or(option_env!("XTOKEN_TOKENIZERS_DIR").map(String::from))
-        .expect(NEEDS);
-    let dir = PathBuf::from(dir);
-    if dir.is_relative() && !dir.exists() {
-        return PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(dir);
-    }
-    dir
-}
 
 fn load(name: &str, padded: Option<usize>) -> Vocabulary {
     Vocabulary::load_padded(tokenizers_dir().join(name), padded)

@@ -53,8 +53,8 @@ pub enum Error {
         message: String,
     },
 
-    /// A projection parameter is out of its valid range.
-    #[error("projection parameter `{name}` = {value}: {why}")]
+    /// A projection or alignment parameter is out of its valid range.
+    #[error("parameter `{name}` = {value}: {why}")]
     BadParameter {
         name: &'static str,
         value: String,
@@ -78,6 +78,30 @@ pub enum Error {
     /// A token given by text or id does not exist in the vocabulary.
     #[error("{path}: no token {token}")]
     UnknownToken { path: PathBuf, token: String },
+
+    /// A token id is outside the vocabulary it is said to come from.
+    #[error(
+        "{path}: {side} id {id} at position {position} is outside the vocabulary of {size} ids"
+    )]
+    TokenOutOfRange {
+        path: PathBuf,
+        side: &'static str,
+        id: u32,
+        position: usize,
+        size: usize,
+    },
+
+    /// A line of an input file is malformed.
+    #[error("{path}:{line}: {message}")]
+    BadInput {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+
+    /// An alignment cache file is malformed, corrupted, or of another version.
+    #[error("{path}: {message}")]
+    BadCache { path: PathBuf, message: String },
 
     /// An audit category name is not one of the known categories.
     #[error("unknown audit category `{name}`; known: {known}")]

@@ -14,11 +14,14 @@
 //! # Ok::<(), xtoken_core::Error>(())
 //! ```
 
+pub mod align;
 pub mod audit;
+pub mod cache;
 pub mod canon;
 pub mod common;
 pub mod error;
 pub mod matching;
+pub mod plan;
 pub mod projection;
 pub mod vocab;
 

@@ -156,10 +156,19 @@ impl Vocabulary {
             });
         }
         let sha256 = sha256_hex(&raw);
-        let tokenizer = Tokenizer::from_bytes(&raw).map_err(|e| Error::TokenizerParse {
+        let mut tokenizer = Tokenizer::from_bytes(&raw).map_err(|e| Error::TokenizerParse {
             path: path.clone(),
             message: e.to_string(),
         })?;
+        // A `truncation` or `padding` section would silently cut or pad running text, and the
+        // two sides of an alignment must encode all of it.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| Error::TokenizerParse {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        tokenizer.with_padding(None);
         drop(raw);
         let scheme = detect_scheme(&path, &tokenizer)?;
         let config_roles = read_config_roles(path.parent().unwrap_or(Path::new(".")))?;
@@ -270,6 +279,25 @@ impl Vocabulary {
             .ok_or_else(|| Error::UnknownToken {
                 path: self.path.clone(),
                 token: format!("{query:?}"),
+            })
+    }
+
+    /// Whether encoding puts a space before the text that the text does not have (SentencePiece's
+    /// dummy prefix: Llama-2 encodes `"Hello"` as `"▁Hello"`).
+    pub fn adds_prefix_space(&self) -> bool {
+        self.piece_encoder.is_some()
+    }
+
+    /// Encodes a document the way the model sees it: the tokenizer's default encoding, with the
+    /// special tokens its post-processor adds (Llama-3's BOS; none for Qwen3), never truncated.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.tokenizer
+            .encode_fast(text, true)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| Error::Encode {
+                path: self.path.clone(),
+                text: text.chars().take(80).collect(),
+                message: e.to_string(),
             })
     }
 

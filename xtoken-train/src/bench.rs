@@ -90,3 +90,408 @@ pub fn projection(args: ProjectionBenchArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// Arguments of `xtoken bench align`.
+#[derive(Args)]
+pub struct AlignBenchArgs {
+    /// Student tokenizer: a directory holding tokenizer.json, or the file.
+    #[arg(long)]
+    student: PathBuf,
+    /// Teacher tokenizer: a directory holding tokenizer.json, or the file.
+    #[arg(long)]
+    teacher: PathBuf,
+    /// Bytes of text per document (about 4096 Llama-3 tokens of English at 16 KiB).
+    #[arg(long, default_value_t = 16 << 10)]
+    doc_bytes: usize,
+    /// Most bytes of text per kind.
+    #[arg(long, default_value_t = 2 << 20)]
+    kind_bytes: usize,
+    /// Timed runs per measurement (the table shows the median).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Worker threads of the end-to-end run (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Where the end-to-end runs write their JSONL inputs and caches.
+    #[arg(long, default_value = "target/bench-align")]
+    work_dir: PathBuf,
+    #[command(flatten)]
+    params: crate::align::AlignParamArgs,
+}
+
+/// Times the DP alone (one thread) and `xtoken align --input … --out …` end to end (all
+/// threads) per kind of text, and prints a Markdown table.
+pub fn align(args: AlignBenchArgs) -> Result<()> {
+    use crate::align::{align_file, FileJob, Pipeline};
+    use xtoken_core::align::{AlignParams, Aligner, Workspace};
+
+    if args.runs == 0 {
+        anyhow::bail!("--runs must be at least 1");
+    }
+    let params = args.params.params();
+    let pipeline = Pipeline::load(&args.student, std::slice::from_ref(&args.teacher), params)?;
+    let recovering = Aligner::new(
+        &pipeline.student,
+        &pipeline.teachers[0],
+        AlignParams {
+            recover_spans: true,
+            ..params
+        },
+    )?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    std::fs::create_dir_all(&args.work_dir)?;
+    println!(
+        "xtoken align: {} → {} · {} threads end to end · band {} bytes · {} runs, median\n",
+        args.student.display(),
+        args.teacher.display(),
+        threads,
+        params.band_bytes,
+        args.runs
+    );
+    println!(
+        "| kind | source | docs | student tokens | tokens/doc | DP only, 1 thread (tok/s) | end to end, {threads} threads (tok/s) | aligned (paper DP) | aligned (+ span recovery) | band widened |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for corpus in corpora::all(args.kind_bytes) {
+        let Some(corpus) = corpus else { continue };
+        let docs = corpora::split(&corpus.text, args.doc_bytes);
+        // DP alone, on pre-tokenized documents.
+        let encoded: Vec<(Vec<u32>, Vec<u32>)> = docs
+            .iter()
+            .map(|d| Ok((pipeline.student.encode(d)?, pipeline.teachers[0].encode(d)?)))
+            .collect::<Result<_>>()?;
+        let student_tokens: usize = encoded.iter().map(|e| e.0.len()).sum();
+        let mut ws = Workspace::default();
+        let aligner = &pipeline.aligners[0];
+        let (mut aligned, mut recovered, mut widened) = (0usize, 0usize, 0usize);
+        for (s, t) in &encoded {
+            let a = aligner.align_with(&mut ws, s, t)?;
+            aligned += a.aligned_positions().0;
+            widened += usize::from(a.band_bytes != params.band_bytes);
+            recovered += recovering.align_with(&mut ws, s, t)?.aligned_positions().0;
+        }
+        let mut dp = Vec::new();
+        for _ in 0..args.runs {
+            let start = Instant::now();
+            for (s, t) in &encoded {
+                std::hint::black_box(aligner.align_with(&mut ws, s, t)?);
+            }
+            dp.push(student_tokens as f64 / start.elapsed().as_secs_f64());
+        }
+        // End to end: the same code path as `xtoken align --input … --out …`.
+        let input = args.work_dir.join(format!("{}.jsonl", corpus.kind));
+        let out = args.work_dir.join(format!("{}.xtalign", corpus.kind));
+        let mut jsonl = String::new();
+        for d in &docs {
+            jsonl.push_str(&serde_json::json!({ "text": d }).to_string());
+            jsonl.push('\n');
+        }
+        std::fs::write(&input, jsonl)?;
+        let mut e2e = Vec::new();
+        for _ in 0..args.runs {
+            let job = FileJob {
+                input: &input,
+                out: Some(&out),
+                json: false,
+                text_field: "text",
+                threads,
+                params,
+                progress: false,
+            };
+            let stats = align_file(&pipeline, &job)?;
+            e2e.push(stats.student_tokens as f64 / stats.seconds);
+        }
+        let pct = |n: usize| 100.0 * n as f64 / student_tokens.max(1) as f64;
+        println!(
+            "| {} | {} | {} | {} | {:.0} | {:.2} M | {:.0} k | {:.2} % | {:.2} % | {} |",
+            corpus.kind,
+            corpus.source,
+            docs.len(),
+            student_tokens,
+            student_tokens as f64 / docs.len().max(1) as f64,
+            median(dp) / 1e6,
+            median(e2e) / 1e3,
+            pct(aligned),
+            pct(recovered),
+            widened
+        );
+    }
+    Ok(())
+}
+
+/// Local text of several kinds, found on the machine or generated (seeded) where none is.
+mod corpora {
+    use std::path::{Path, PathBuf};
+
+    /// One kind of text.
+    pub struct Corpus {
+        pub kind: &'static str,
+        pub source: String,
+        pub text: String,
+    }
+
+    /// Every kind; `None` where no source exists on this machine.
+    pub fn all(limit: usize) -> Vec<Option<Corpus>> {
+        vec![
+            prose(limit),
+            code(limit),
+            numbers(limit),
+            cjk(limit),
+            emoji(limit),
+        ]
+    }
+
+    /// Cuts `text` into documents of about `bytes` bytes, at line ends where possible.
+    pub fn split(text: &str, bytes: usize) -> Vec<&str> {
+        let mut docs = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let mut end = bytes.min(rest.len());
+            while !rest.is_char_boundary(end) {
+                end += 1;
+            }
+            if end < rest.len() {
+                if let Some(nl) = rest[..end].rfind('\n').filter(|&nl| nl > end / 2) {
+                    end = nl + 1;
+                }
+            }
+            docs.push(&rest[..end]);
+            rest = &rest[end..];
+        }
+        docs
+    }
+
+    fn files(dirs: &[PathBuf], accept: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+        dirs.iter()
+            .flat_map(entries)
+            .filter(|p| p.is_file() && accept(p))
+            .collect()
+    }
+
+    fn gather(kind: &'static str, source: &str, paths: &[PathBuf], limit: usize) -> Option<Corpus> {
+        let mut text = String::new();
+        for p in paths {
+            if text.len() >= limit {
+                break;
+            }
+            if let Ok(t) = std::fs::read_to_string(p) {
+                text.push_str(&t);
+                text.push('\n');
+            }
+        }
+        (!text.is_empty()).then(|| Corpus {
+            kind,
+            source: source.into(),
+            text: truncate(text, limit),
+        })
+    }
+
+    fn truncate(mut text: String, limit: usize) -> String {
+        if text.len() > limit {
+            let mut end = limit;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        text
+    }
+
+    /// The entries of `dir`, sorted (none if it cannot be read).
+    fn entries(dir: impl AsRef<Path>) -> Vec<PathBuf> {
+        let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        found.sort();
+        found
+    }
+
+    fn python_dirs() -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = entries("/usr/lib")
+            .into_iter()
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("python3."))
+            })
+            .collect();
+        if let Ok(home) = std::env::var("HOME") {
+            for version in entries(format!("{home}/.pyenv/versions")) {
+                dirs.extend(entries(version.join("lib")));
+            }
+        }
+        dirs
+    }
+
+    /// `sub` (`doc`, `tutor`) of every installed vim runtime.
+    fn vim_dirs(sub: &str) -> Vec<PathBuf> {
+        entries("/usr/share/vim")
+            .into_iter()
+            .map(|d| d.join(sub))
+            .collect()
+    }
+
+    fn prose(limit: usize) -> Option<Corpus> {
+        let mut paths = files(&["/usr/share/common-licenses".into()], |_| true);
+        paths.extend(files(&vim_dirs("doc"), |p| {
+            p.extension().is_some_and(|e| e == "txt")
+        }));
+        gather("prose", "licenses, vim help", &paths, limit)
+    }
+
+    fn code(limit: usize) -> Option<Corpus> {
+        let paths = files(&python_dirs(), |p| p.extension().is_some_and(|e| e == "py"));
+        gather("code", "Python stdlib", &paths, limit)
+    }
+
+    fn cjk(limit: usize) -> Option<Corpus> {
+        let dirs: Vec<PathBuf> = python_dirs()
+            .iter()
+            .map(|d| d.join("test/cjkencodings"))
+            .collect();
+        let mut paths = files(&dirs, |p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with("-utf8.txt"))
+        });
+        // Several Python versions ship the same files: keep one copy of each.
+        let mut seen = std::collections::HashSet::new();
+        paths.retain(|p| seen.insert(p.file_name().map(|n| n.to_owned())));
+        let mut found = files(&vim_dirs("tutor"), |p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                ["tutor.ja.", "tutor.ko.", "tutor.zh"]
+                    .iter()
+                    .any(|l| n.starts_with(l))
+                    && n.ends_with(".utf-8")
+            })
+        });
+        found.extend(paths);
+        gather(
+            "cjk",
+            "vim tutors ja/ko/zh, CPython cjkencodings",
+            &found,
+            limit,
+        )
+    }
+
+    /// A seeded generator (SplitMix64): the same text on every machine.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// Tables, decimals, dates, money and arithmetic, generated.
+    fn numbers(limit: usize) -> Option<Corpus> {
+        let mut rng = Rng(1);
+        let mut text = String::new();
+        while text.len() < limit {
+            let line = match rng.below(6) {
+                0 => format!(
+                    "{}-{:02}-{:02}, {}.{:05}, {}\n",
+                    1900 + rng.below(130),
+                    1 + rng.below(12),
+                    1 + rng.below(28),
+                    rng.below(1000),
+                    rng.below(100_000),
+                    rng.below(10_000_000)
+                ),
+                1 => format!(
+                    "{} + {} = {}\n",
+                    rng.below(10_000),
+                    rng.below(10_000),
+                    rng.below(20_000)
+                ),
+                2 => format!(
+                    "${},{:03}.{:02}\n",
+                    rng.below(1000),
+                    rng.below(1000),
+                    rng.below(100)
+                ),
+                3 => format!(
+                    "{:.6e} {:.3} {}%\n",
+                    rng.next() as f64 / 1e15,
+                    rng.next() as f64 / 1e17,
+                    rng.below(100)
+                ),
+                4 => format!(
+                    "| {} | {} | {} |\n",
+                    rng.below(100),
+                    rng.below(100_000),
+                    rng.below(1_000_000_000)
+                ),
+                _ => format!("0x{:08X} {}\n", rng.next() as u32, rng.below(256)),
+            };
+            text.push_str(&line);
+        }
+        Some(Corpus {
+            kind: "numbers",
+            source: "generated (seeded)".into(),
+            text: truncate(text, limit),
+        })
+    }
+
+    /// English words with emoji: single code points, skin tones, ZWJ families and flags.
+    fn emoji(limit: usize) -> Option<Corpus> {
+        const WORDS: &[&str] = &[
+            "the", "party", "was", "great", "see", "you", "soon", "love", "this", "so", "much",
+            "happy", "birthday", "lol", "omg", "thanks", "team", "launch", "today", "coffee",
+        ];
+        const EMOJI: &[&str] = &[
+            "😀",
+            "😂",
+            "🥲",
+            "😍",
+            "🤔",
+            "🔥",
+            "✨",
+            "🎉",
+            "👍",
+            "👍🏽",
+            "👋🏿",
+            "❤️",
+            "💯",
+            "🚀",
+            "🙏",
+            "👨‍👩‍👧‍👦",
+            "🧑‍💻",
+            "🏳️‍🌈",
+            "🇯🇵",
+            "🇫🇷",
+            "☕",
+            "🍕",
+            "🐍",
+            "🦀",
+        ];
+        let mut rng = Rng(2);
+        let mut text = String::new();
+        while text.len() < limit {
+            for _ in 0..(3 + rng.below(8)) {
+                text.push_str(WORDS[rng.below(WORDS.len() as u64) as usize]);
+                text.push(' ');
+            }
+            for _ in 0..(1 + rng.below(3)) {
+                text.push_str(EMOJI[rng.below(EMOJI.len() as u64) as usize]);
+            }
+            text.push(if rng.below(4) == 0 { '\n' } else { ' ' });
+        }
+        Some(Corpus {
+            kind: "emoji",
+            source: "generated (seeded)".into(),
+            text: truncate(text, limit),
+        })
+    }
+}

@@ -1,5 +1,6 @@
 //! `xtoken`: the command-line tool of the X-Token cross-tokenizer distillation framework.
 
+mod align;
 mod bench;
 
 use std::path::PathBuf;
@@ -33,6 +34,9 @@ enum Command {
     /// Coverage audit of a tokenizer pair: per category, how many student tokens land in GOLD's
     /// common set C and H-KL's relaxed set; recommends P-KL or H-KL.
     Audit(AuditArgs),
+    /// Align student and teacher tokenizations of texts (DP span alignment): print the chunks of
+    /// one text, or write the alignment cache of a JSONL file.
+    Align(align::AlignArgs),
     /// Benchmarks that print Markdown tables for BENCHMARKS.md.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -50,6 +54,8 @@ enum ProjectionCommand {
 enum BenchCommand {
     /// Wall time of `projection build` (tokenizer loading included), per stage.
     Projection(bench::ProjectionBenchArgs),
+    /// Alignment speed per kind of text: the DP alone, and `xtoken align` end to end.
+    Align(bench::AlignBenchArgs),
 }
 
 /// A student and a teacher tokenizer, each a directory with tokenizer.json or the file itself.
@@ -161,7 +167,9 @@ fn main() -> ExitCode {
         Command::Projection(ProjectionCommand::Build(args)) => build(args),
         Command::Projection(ProjectionCommand::Show(args)) => show(args),
         Command::Audit(args) => run_audit(args),
+        Command::Align(args) => align::run(args),
         Command::Bench(BenchCommand::Projection(args)) => bench::projection(args),
+        Command::Bench(BenchCommand::Align(args)) => bench::align(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,7 +1,10 @@
 //! The `xtoken` binary as a user runs it.
 
-use std::path::PathBuf;
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
 use std::process::{Command, Output};
+use support::tokenizers_dir;
 
 fn xtoken(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_xtoken"))
@@ -62,20 +65,6 @@ fn errors_name_the_file_and_exit_non_zero_without_a_backtrace() {
         "digits_9",
     ]);
     assert!(text(&out.stderr).contains("unknown audit category `digits_9`"));
-}
-
-fn tokenizers_dir() -> PathBuf {
-    let dir = std::env::var("XTOKEN_TOKENIZERS_DIR")
-        .ok()
-        .or(option_env!("XTOKEN_TOKENIZERS_DIR").map(String::from))
-        .expect("needs XTOKEN_TOKENIZERS_DIR");
-    let dir = PathBuf::from(dir);
-    if dir.is_relative() && !dir.exists() {
-        return PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join(dir);
-    }
-    dir
 }
 
 #[test]
@@ -166,4 +155,150 @@ fn build_show_and_audit_llama_to_qwen() {
     );
     assert!(stdout.contains("**Recommendation: H-KL.**"), "{stdout}");
     std::fs::remove_file(w).ok();
+}
+
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn align_text_table_and_json() {
+    let dir = tokenizers_dir();
+    let (llama, qwen) = (dir.join("llama-3.2"), dir.join("qwen3"));
+    let pair = [
+        "align",
+        "--student",
+        llama.to_str().unwrap(),
+        "--teacher",
+        qwen.to_str().unwrap(),
+        "--text",
+        "Hello world.",
+    ];
+    let out = xtoken(&pair);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("| 0 | **gap** | 0: <\\|begin_of_text\\|> | · |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| 1 | match | 1: \"Hello\" | 0: \"Hello\" |"),
+        "{table}"
+    );
+
+    let out = xtoken(&[&pair[..], &["--json"]].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["student_ids"],
+        serde_json::json!([128000, 9906, 1917, 13])
+    );
+    assert_eq!(v["teacher_ids"], serde_json::json!([9707, 1879, 13]));
+    assert_eq!(
+        v["chunks"],
+        serde_json::json!([[[0], []], [[1], [0]], [[2], [1]], [[3], [2]]])
+    );
+}
+
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn align_jsonl_to_cache_and_json_lines() {
+    use xtoken_core::cache::AlignCache;
+    use xtoken_core::vocab::Vocabulary;
+
+    let dir = tokenizers_dir();
+    let (llama, qwen, phi) = (
+        dir.join("llama-3.2"),
+        dir.join("qwen3"),
+        dir.join("phi-4-mini"),
+    );
+    let work = std::env::temp_dir().join(format!("xtoken-cli-align-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let input = work.join("in.jsonl");
+    let texts = [
+        "Hello world.",
+        "π ≈ 3.14159 日本 😀",
+        "",
+        "def f(x):\n    return x\n",
+    ];
+    let mut lines: Vec<String> = texts
+        .iter()
+        .map(|t| serde_json::json!({ "text": t, "id": 1 }).to_string())
+        .collect();
+    lines.insert(2, String::new()); // blank lines are skipped
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let cache = work.join("out.xtalign");
+    let base = [
+        "align",
+        "--student",
+        llama.to_str().unwrap(),
+        "--teacher",
+        qwen.to_str().unwrap(),
+        "--teacher",
+        phi.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+    ];
+    let out = xtoken(&[&base[..], &["--out", cache.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("4 documents"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let student = Vocabulary::load(&llama).unwrap();
+    let (q, p) = (
+        Vocabulary::load(&qwen).unwrap(),
+        Vocabulary::load(&phi).unwrap(),
+    );
+    let opened = AlignCache::open_verified(&cache, &student, &[&q, &p]).unwrap();
+    assert_eq!(opened.len(), 4);
+    opened.verify().unwrap();
+
+    // --json prints the same documents, one object per line, in input order.
+    let out = xtoken(&[&base[..], &["--json"]].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let objects: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(objects.len(), 4);
+    for (i, object) in objects.iter().enumerate() {
+        let doc = opened.doc(i).unwrap();
+        assert_eq!(object["student_ids"], serde_json::json!(doc.student_ids));
+        for (t, teacher) in doc.teachers.iter().enumerate() {
+            assert_eq!(
+                object["teachers"][t]["teacher_ids"],
+                serde_json::json!(teacher.ids)
+            );
+            let chunks: Vec<serde_json::Value> = teacher
+                .alignment()
+                .chunks
+                .iter()
+                .map(|c| {
+                    serde_json::json!([
+                        c.student.range().collect::<Vec<_>>(),
+                        c.teacher.range().collect::<Vec<_>>()
+                    ])
+                })
+                .collect();
+            assert_eq!(object["teachers"][t]["chunks"], serde_json::json!(chunks));
+        }
+    }
+    drop(opened);
+
+    // Bad input names the file and line; a cache from other tokenizers is refused.
+    std::fs::write(&input, "{\"text\": \"ok\"}\n{\"text\": 3}\n").unwrap();
+    let out = xtoken(&[&base[..], &["--json"]].concat());
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("in.jsonl:2: field `text` is a number"),
+        "{err}"
+    );
+    std::fs::write(&input, "{\"text\": \"ok\"}\n{not json\n").unwrap();
+    let err = text(&xtoken(&[&base[..], &["--json"]].concat()).stderr);
+    assert!(err.contains("in.jsonl:2: invalid JSON"), "{err}");
+    let err = text(&xtoken(&base).stderr);
+    assert!(err.contains("--out CACHE"), "{err}");
+    assert!(AlignCache::open_verified(&cache, &q, &[&student, &p]).is_err());
+    std::fs::remove_dir_all(&work).ok();
 }

@@ -1,0 +1,385 @@
+//! DP alignment on the real Llama-3.2, Qwen3, Phi-4-mini and Llama-2 tokenizers, read from
+//! `XTOKEN_TOKENIZERS_DIR` (CI: `../shared/tokenizers`). Without it they are ignored, with a reason.
+
+mod support;
+
+use std::sync::OnceLock;
+use support::tokenizers_dir;
+
+use proptest::prelude::*;
+use xtoken::core::align::{greedy, AlignParams, Aligner, Alignment, ChunkKind};
+use xtoken::core::cache::{AlignCache, CacheMetadata, CacheWriter, TokenizerRecord};
+use xtoken::core::plan::{BatchPlan, ChunkPlan, MergeVariant, PlanItem};
+use xtoken::core::vocab::{TokenKind, Vocabulary};
+
+struct Vocabs {
+    llama3: Vocabulary,
+    qwen3: Vocabulary,
+    phi4: Vocabulary,
+    llama2: Vocabulary,
+}
+
+fn vocabs() -> &'static Vocabs {
+    static V: OnceLock<Vocabs> = OnceLock::new();
+    V.get_or_init(|| {
+        let load = |name: &str| {
+            Vocabulary::load(tokenizers_dir().join(name))
+                .unwrap_or_else(|e| panic!("loading {name}: {e}"))
+        };
+        Vocabs {
+            llama3: load("llama-3.2"),
+            qwen3: load("qwen3"),
+            phi4: load("phi-4-mini"),
+            llama2: load("llama-2"),
+        }
+    })
+}
+
+/// Llama-3.2 against each teacher, with the paper's parameters and with span recovery.
+fn aligners() -> &'static Vec<(&'static str, &'static Vocabulary, Aligner, Aligner)> {
+    static A: OnceLock<Vec<(&str, &Vocabulary, Aligner, Aligner)>> = OnceLock::new();
+    A.get_or_init(|| {
+        let v = vocabs();
+        let recover = AlignParams {
+            recover_spans: true,
+            ..AlignParams::default()
+        };
+        [
+            ("qwen3", &v.qwen3),
+            ("phi-4-mini", &v.phi4),
+            ("llama-2", &v.llama2),
+        ]
+        .into_iter()
+        .map(|(name, t)| {
+            (
+                name,
+                t,
+                Aligner::new(&v.llama3, t, AlignParams::default()).unwrap(),
+                Aligner::new(&v.llama3, t, recover).unwrap(),
+            )
+        })
+        .collect()
+    })
+}
+
+/// Coverage, order, and byte equality of two-sided chunks (both sides encode one text).
+fn check_invariants(
+    al: &Aligner,
+    a: &Alignment,
+    student: &[u32],
+    teacher: &[u32],
+    teacher_vocab: &Vocabulary,
+) {
+    use xtoken::core::align::Side;
+    let (s_bytes, s_off) = al.spell(Side::Student, student).unwrap();
+    let (t_bytes, t_off) = al.spell(Side::Teacher, teacher).unwrap();
+    let (mut p, mut q) = (0u32, 0u32);
+    for c in &a.chunks {
+        assert_eq!(
+            (c.student.start, c.teacher.start),
+            (p, q),
+            "chunks out of order"
+        );
+        p += c.student.len;
+        q += c.teacher.len;
+        if !c.is_aligned() {
+            assert!(c.student.is_empty() || c.teacher.is_empty());
+            continue;
+        }
+        let (sr, tr) = (c.student.range(), c.teacher.range());
+        let special = |v: &Vocabulary, id: u32| v.token(id).unwrap().kind == TokenKind::Special;
+        if c.kind == ChunkKind::Match
+            && special(&vocabs().llama3, student[sr.start])
+            && special(teacher_vocab, teacher[tr.start])
+        {
+            // Special tokens pair by role (Llama-3's BOS with Llama-2's `<s>`), not by text.
+            continue;
+        }
+        let s = &s_bytes[s_off[sr.start] as usize..s_off[sr.end] as usize];
+        let t = &t_bytes[t_off[tr.start] as usize..t_off[tr.end] as usize];
+        assert_eq!(
+            String::from_utf8_lossy(s),
+            String::from_utf8_lossy(t),
+            "two-sided chunk {c:?} spells different text"
+        );
+    }
+    assert_eq!(
+        (p, q),
+        (a.student_len, a.teacher_len),
+        "chunks do not cover both sequences"
+    );
+}
+
+fn is_text(id: u32) -> bool {
+    vocabs().llama3.token(id).unwrap().kind != TokenKind::Special
+}
+
+/// Student positions that are ordinary text (not special tokens).
+fn text_positions(ids: &[u32]) -> usize {
+    ids.iter().filter(|&&id| is_text(id)).count()
+}
+
+/// Student text positions in two-sided chunks.
+fn aligned_text_positions(a: &Alignment, ids: &[u32]) -> usize {
+    a.aligned()
+        .flat_map(|c| c.student.range())
+        .filter(|&p| is_text(ids[p]))
+        .count()
+}
+
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn paper_hello_world_bos_costs_one_gap() {
+    let v = vocabs();
+    let student = v.llama3.encode("Hello world.").unwrap();
+    assert_eq!(student.len(), 4, "Llama-3.2 adds <|begin_of_text|>");
+    for (name, teacher_vocab, al, _) in aligners() {
+        let teacher = teacher_vocab.encode("Hello world.").unwrap();
+        let a = al.align(&student, &teacher).unwrap();
+        check_invariants(al, &a, &student, &teacher, teacher_vocab);
+        if *name == "llama-2" {
+            // Llama-2 adds its own BOS: the two pair by role, then three matches.
+            assert_eq!(a.chunks.len(), 4, "{:?}", a.chunks);
+            assert!(a.chunks.iter().all(|c| c.kind == ChunkKind::Match));
+            continue;
+        }
+        let gaps: Vec<_> = a.chunks.iter().filter(|c| !c.is_aligned()).collect();
+        let bos_gap = gaps
+            .iter()
+            .any(|c| c.student.range() == (0..1) && c.teacher.is_empty());
+        assert!(
+            bos_gap,
+            "{name}: BOS must be a one-sided gap: {:?}",
+            a.chunks
+        );
+        assert_eq!(a.aligned_positions().0, 3, "{name}: {:?}", a.chunks);
+        if *name == "qwen3" {
+            // The paper's table: one gap, then three 1-to-1 matches.
+            assert_eq!(a.chunks.len(), 4);
+            assert!(a.chunks[1..].iter().all(|c| c.kind == ChunkKind::Match));
+            // GOLD's buffer aligner lumps everything into one forced group.
+            let g = greedy(al, &student, &teacher).unwrap();
+            assert_eq!(g.chunks.len(), 1, "{:?}", g.chunks);
+            assert_eq!(g.chunks[0].student.len, 4);
+            assert_eq!(g.chunks[0].teacher.len, 3);
+        }
+    }
+}
+
+const HARD_TEXTS: &[&str] = &[
+    "line one\r\nline two\r\n\r\n",
+    "a   b\t\tc\n\n\n    indented\n",
+    "Emoji: 😀👍🏽👨‍👩‍👧‍👦 🇯🇵!",
+    "日本語のテキストと中文文本，还有한국어 문장.",
+    "مرحبا بالعالم، هذا نص عربي.",
+    "def f(x):\n    return x ** 2  # square\n\nprint(f(3))\n",
+    "π ≈ 3.14159; e = 2.71828; 1,234,567.89 and 0x1F",
+    "See https://example.com/a/b?c=1&d=two#frag or mailto:x@y.org.",
+    "   leading spaces and trailing   ",
+    "",
+];
+
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn hard_texts_keep_the_invariants_and_align_every_text_token() {
+    let v = vocabs();
+    for text in HARD_TEXTS {
+        let student = v.llama3.encode(text).unwrap();
+        for (name, teacher_vocab, paper, recovering) in aligners() {
+            let teacher = teacher_vocab.encode(text).unwrap();
+            for al in [paper, recovering] {
+                let a = al.align(&student, &teacher).unwrap();
+                check_invariants(al, &a, &student, &teacher, teacher_vocab);
+                let full = al.align_exhaustive(&student, &teacher).unwrap();
+                assert_eq!(a.score, full.score, "{name} {text:?}");
+            }
+            // With span recovery every text token of the student is in a two-sided chunk.
+            let a = recovering.align(&student, &teacher).unwrap();
+            assert_eq!(
+                aligned_text_positions(&a, &student),
+                text_positions(&student),
+                "{name} {text:?}: {:?}",
+                a.chunks
+            );
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn numerals_combine_one_to_many_under_qwen3() {
+    let v = vocabs();
+    let (_, teacher_vocab, al, _) = &aligners()[0];
+    let student = v.llama3.encode("3.14159").unwrap();
+    let teacher = teacher_vocab.encode("3.14159").unwrap();
+    let a = al.align(&student, &teacher).unwrap();
+    let shape: Vec<(u32, u32)> = a
+        .aligned()
+        .map(|c| (c.student.len, c.teacher.len))
+        .collect();
+    // "3" "." "141" "59" against single digits.
+    assert_eq!(shape, vec![(1, 1), (1, 1), (1, 3), (1, 2)]);
+}
+
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn identical_tokenizers_give_only_one_to_one_chunks() {
+    let v = vocabs();
+    let al = Aligner::new(&v.llama3, &v.llama3, AlignParams::default()).unwrap();
+    for text in HARD_TEXTS {
+        let ids = v.llama3.encode(text).unwrap();
+        let a = al.align(&ids, &ids).unwrap();
+        assert_eq!(a.chunks.len(), ids.len());
+        assert!(a.chunks.iter().all(|c| c.kind == ChunkKind::Match));
+    }
+}
+
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn banded_equals_exhaustive_on_a_long_mixed_document() {
+    let v = vocabs();
+    let text = HARD_TEXTS.concat().repeat(6);
+    let student = v.llama3.encode(&text).unwrap();
+    assert!(student.len() > 500);
+    for (name, teacher_vocab, al, _) in aligners() {
+        let teacher = teacher_vocab.encode(&text).unwrap();
+        let banded = al.align(&student, &teacher).unwrap();
+        let full = al.align_exhaustive(&student, &teacher).unwrap();
+        assert_eq!(banded.score, full.score, "{name}");
+        assert_eq!(banded.chunks, full.chunks, "{name}");
+        let s = aligned_text_positions(&banded, &student);
+        assert!(
+            s as f64 >= 0.97 * text_positions(&student) as f64,
+            "{name}: only {s} of {} student tokens aligned",
+            student.len()
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn multi_teacher_plans_and_cache_round_trip() {
+    let v = vocabs();
+    let text = "The year 2024 had 366 days. 日本 😀\n";
+    let student = v.llama3.encode(text).unwrap();
+    let teachers: Vec<(Vec<u32>, Alignment)> = aligners()[..2]
+        .iter()
+        .map(|(_, t, al, _)| {
+            let ids = t.encode(text).unwrap();
+            let a = al.align(&student, &ids).unwrap();
+            (ids, a)
+        })
+        .collect();
+    // One plan per teacher against the same student sequence.
+    let plans: Vec<ChunkPlan> = teachers.iter().map(|(_, a)| ChunkPlan::new(a)).collect();
+    for ((ids, _), plan) in teachers.iter().zip(&plans) {
+        let item = PlanItem {
+            plan,
+            student_ids: &student,
+            teacher_ids: ids,
+        };
+        let batch =
+            BatchPlan::new(&[item], student.len(), ids.len(), MergeVariant::FirstToken).unwrap();
+        assert!(batch.valid_chunks() >= plan.len() - 1);
+    }
+    let path = std::env::temp_dir().join(format!("xtoken-real-cache-{}", std::process::id()));
+    let meta = CacheMetadata {
+        student: TokenizerRecord::of(&v.llama3),
+        teachers: vec![TokenizerRecord::of(&v.qwen3), TokenizerRecord::of(&v.phi4)],
+        params: AlignParams::default(),
+        source: "inline".into(),
+        text_field: "text".into(),
+        student_tokens: 0,
+        created_by: "test".into(),
+    };
+    let mut w = CacheWriter::create(&path, meta).unwrap();
+    let refs: Vec<(&[u32], &Alignment)> = teachers.iter().map(|(i, a)| (i.as_slice(), a)).collect();
+    w.push(
+        &xtoken::core::cache::encode_record(&student, &refs).unwrap(),
+        student.len(),
+    )
+    .unwrap();
+    w.finish().unwrap();
+    let cache = AlignCache::open_verified(&path, &v.llama3, &[&v.qwen3, &v.phi4]).unwrap();
+    let doc = cache.doc(0).unwrap();
+    assert_eq!(doc.student_ids, student.as_slice());
+    for (cached, (ids, a)) in doc.teachers.iter().zip(&teachers) {
+        assert_eq!(cached.ids, ids.as_slice());
+        let back: Vec<_> = cached
+            .alignment()
+            .chunks
+            .iter()
+            .map(|c| (c.student, c.teacher))
+            .collect();
+        let orig: Vec<_> = a.chunks.iter().map(|c| (c.student, c.teacher)).collect();
+        assert_eq!(back, orig);
+    }
+    // Other tokenizers, or another teacher order, are refused with the side named.
+    let err = AlignCache::open_verified(&path, &v.llama3, &[&v.phi4, &v.qwen3])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("teacher tokenizer with sha256"), "{err}");
+    let err = AlignCache::open_verified(&path, &v.llama2, &[&v.qwen3, &v.phi4])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("student tokenizer"), "{err}");
+    assert!(AlignCache::open_verified(&path, &v.llama3, &[&v.qwen3]).is_err());
+    std::fs::remove_file(&path).ok();
+}
+
+fn any_text() -> impl Strategy<Value = String> {
+    let pieces = prop::sample::select(vec![
+        "the",
+        " cat",
+        " sat",
+        ".",
+        ",",
+        " ",
+        "  ",
+        "\n",
+        "\r\n",
+        "\t",
+        "1",
+        "23",
+        "456",
+        "7890",
+        " 3.14",
+        "é",
+        "ß",
+        "日本",
+        "語",
+        "中文",
+        "한국",
+        "😀",
+        "👍🏽",
+        "👨‍👩‍👧",
+        "مرحبا",
+        "Ω",
+        "=>",
+        "()",
+        "{}",
+        "http://a.b/c",
+        "<|im_start|>",
+        "<s>",
+    ]);
+    prop::collection::vec(pieces, 0..40).prop_map(|v| v.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(xtoken_tokenizers) { 64 } else { 1 }))]
+
+    #[test]
+    #[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+    fn real_alignments_keep_the_invariants(text in any_text()) {
+        let v = vocabs();
+        let student = v.llama3.encode(&text).unwrap();
+        for (_, teacher_vocab, paper, recovering) in aligners() {
+            let teacher = teacher_vocab.encode(&text).unwrap();
+            for al in [paper, recovering] {
+                let a = al.align(&student, &teacher).unwrap();
+                check_invariants(al, &a, &student, &teacher, teacher_vocab);
+                prop_assert!(!a.band_edge_reached);
+            }
+        }
+    }
+}
