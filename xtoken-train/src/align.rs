@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 use xtoken_core::align::{AlignParams, Aligner, Alignment, ChunkKind, Workspace};
-use xtoken_core::cache::{encode_record, CacheMetadata, CacheWriter, TokenizerRecord};
+use xtoken_core::cache::{encode_record, AlignCache, CacheMetadata, CacheWriter, TokenizerRecord};
 use xtoken_core::vocab::Vocabulary;
 
 /// Scores and band of the alignment DP (defaults: the paper's).
@@ -194,9 +194,10 @@ pub fn run(args: AlignArgs) -> Result<()> {
             }
             let doc = pipeline.process(&mut Workspace::default(), text)?;
             if args.json {
-                println!("{}", doc.to_json());
+                writeln!(std::io::stdout(), "{}", doc.to_json())?;
             } else {
-                print_table(&pipeline, &doc);
+                let mut out = std::io::stdout().lock();
+                print_table(&mut out, &pipeline.student, &pipeline.teachers, &doc)?;
             }
             Ok(())
         }
@@ -243,7 +244,12 @@ pub fn run(args: AlignArgs) -> Result<()> {
 }
 
 /// Prints the chunks side by side as a Markdown table.
-fn print_table(pipeline: &Pipeline, doc: &AlignedDoc) {
+fn print_table(
+    out: &mut impl Write,
+    student: &Vocabulary,
+    teachers: &[Vocabulary],
+    doc: &AlignedDoc,
+) -> std::io::Result<()> {
     let show = |vocab: &Vocabulary, ids: &[u32], range: std::ops::Range<usize>| -> String {
         if range.is_empty() {
             return "·".into();
@@ -259,20 +265,25 @@ fn print_table(pipeline: &Pipeline, doc: &AlignedDoc) {
         };
         format!("{at}: {}", tokens.join(" ")).replace('|', "\\|")
     };
-    for (t, ((ids, alignment), vocab)) in doc.teachers.iter().zip(&pipeline.teachers).enumerate() {
+    for (t, ((ids, alignment), vocab)) in doc.teachers.iter().zip(teachers).enumerate() {
         let (s_aligned, t_aligned) = alignment.aligned_positions();
-        println!(
+        let score = if alignment.score.is_nan() {
+            String::new()
+        } else {
+            format!("score {:.1}; ", alignment.score)
+        };
+        writeln!(
+            out,
             "student {} ({} tokens) · teacher {} ({} tokens)\n\
-             score {:.1}; aligned: {s_aligned}/{} student, {t_aligned}/{} teacher positions\n",
-            pipeline.student.path().display(),
+             {score}aligned: {s_aligned}/{} student, {t_aligned}/{} teacher positions\n",
+            student.path().display(),
             doc.student_ids.len(),
             vocab.path().display(),
             ids.len(),
-            alignment.score,
             doc.student_ids.len(),
             ids.len(),
-        );
-        println!("| # | kind | student | teacher |\n|---:|---|---|---|");
+        )?;
+        writeln!(out, "| # | kind | student | teacher |\n|---:|---|---|---|")?;
         for (k, chunk) in alignment.chunks.iter().enumerate() {
             let kind = match chunk.kind {
                 ChunkKind::Match => "match",
@@ -281,16 +292,18 @@ fn print_table(pipeline: &Pipeline, doc: &AlignedDoc) {
                 ChunkKind::Span => "span",
                 ChunkKind::Gap => "**gap**",
             };
-            println!(
+            writeln!(
+                out,
                 "| {k} | {kind} | {} | {} |",
-                show(&pipeline.student, &doc.student_ids, chunk.student.range()),
+                show(student, &doc.student_ids, chunk.student.range()),
                 show(vocab, ids, chunk.teacher.range())
-            );
+            )?;
         }
         if t + 1 < doc.teachers.len() {
-            println!();
+            writeln!(out)?;
         }
     }
+    Ok(())
 }
 
 /// Per-teacher counts of a file job.
@@ -483,5 +496,135 @@ fn kind_of(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+/// `xtoken cache …`: look into an alignment cache.
+#[derive(clap::Subcommand)]
+pub enum CacheCommand {
+    /// What the cache was made from: tokenizers, parameters, source, size.
+    Info {
+        /// The cache file.
+        cache: PathBuf,
+    },
+    /// Check every document's checksum and structure, and optionally the tokenizers.
+    Verify {
+        /// The cache file.
+        cache: PathBuf,
+        /// The student tokenizer the cache must have been made with.
+        #[arg(long, requires = "teacher")]
+        student: Option<PathBuf>,
+        /// The teacher tokenizers, in the cache's order.
+        #[arg(long)]
+        teacher: Vec<PathBuf>,
+    },
+    /// Print one document's chunks side by side (or as JSON).
+    Show {
+        /// The cache file.
+        cache: PathBuf,
+        /// The document, counted from 0 in input order.
+        #[arg(long)]
+        doc: usize,
+        /// The student tokenizer (checked against the cache).
+        #[arg(long)]
+        student: PathBuf,
+        /// The teacher tokenizers, in the cache's order.
+        #[arg(long, required = true)]
+        teacher: Vec<PathBuf>,
+        /// Print the JSON object `xtoken align --json` prints.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn load_all(student: &Path, teachers: &[PathBuf]) -> Result<(Vocabulary, Vec<Vocabulary>)> {
+    let student = Vocabulary::load(student)?;
+    let teachers = teachers
+        .iter()
+        .map(Vocabulary::load)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((student, teachers))
+}
+
+/// Runs `xtoken cache …`.
+pub fn cache(command: CacheCommand) -> Result<()> {
+    match command {
+        CacheCommand::Info { cache } => {
+            let opened = AlignCache::open(&cache)?;
+            let meta = opened.metadata();
+            let bytes = std::fs::metadata(&cache).map(|m| m.len()).unwrap_or(0);
+            println!(
+                "{}: {} documents, {} student tokens, {bytes} bytes",
+                cache.display(),
+                opened.len(),
+                meta.student_tokens
+            );
+            let side = |name: &str, r: &TokenizerRecord| {
+                println!(
+                    "  {name}: {} ({} ids, sha256 {})",
+                    r.path.display(),
+                    r.size,
+                    r.sha256
+                );
+            };
+            side("student", &meta.student);
+            for t in &meta.teachers {
+                side("teacher", t);
+            }
+            println!(
+                "  source: {} (field `{}`)",
+                meta.source.display(),
+                meta.text_field
+            );
+            println!("  alignment: {}", serde_json::to_string(&meta.params)?);
+            println!("  written by {}", meta.created_by);
+            Ok(())
+        }
+        CacheCommand::Verify {
+            cache,
+            student,
+            teacher,
+        } => {
+            let opened = AlignCache::open(&cache)?;
+            if let Some(student) = student {
+                let (s, t) = load_all(&student, &teacher)?;
+                let refs: Vec<&Vocabulary> = t.iter().collect();
+                opened.check_tokenizers(&s, &refs)?;
+            }
+            let progress = ProgressBar::new(opened.len() as u64);
+            for i in 0..opened.len() {
+                opened.doc(i)?;
+                progress.inc(1);
+            }
+            progress.finish_and_clear();
+            println!("{}: ok, {} documents", cache.display(), opened.len());
+            Ok(())
+        }
+        CacheCommand::Show {
+            cache,
+            doc,
+            student,
+            teacher,
+            json,
+        } => {
+            let (s, t) = load_all(&student, &teacher)?;
+            let refs: Vec<&Vocabulary> = t.iter().collect();
+            let opened = AlignCache::open_verified(&cache, &s, &refs)?;
+            let cached = opened.doc(doc)?;
+            let aligned = AlignedDoc {
+                student_ids: cached.student_ids.to_vec(),
+                teachers: cached
+                    .teachers
+                    .iter()
+                    .map(|c| (c.ids.to_vec(), c.alignment()))
+                    .collect(),
+            };
+            if json {
+                writeln!(std::io::stdout(), "{}", aligned.to_json())?;
+            } else {
+                print_table(&mut std::io::stdout().lock(), &s, &t, &aligned)?;
+            }
+            Ok(())
+        }
     }
 }

@@ -37,6 +37,9 @@ enum Command {
     /// Align student and teacher tokenizations of texts (DP span alignment): print the chunks of
     /// one text, or write the alignment cache of a JSONL file.
     Align(align::AlignArgs),
+    /// Inspect an alignment cache written by `xtoken align --out`.
+    #[command(subcommand)]
+    Cache(align::CacheCommand),
     /// Benchmarks that print Markdown tables for BENCHMARKS.md.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -168,11 +171,21 @@ fn main() -> ExitCode {
         Command::Projection(ProjectionCommand::Show(args)) => show(args),
         Command::Audit(args) => run_audit(args),
         Command::Align(args) => align::run(args),
+        Command::Cache(command) => align::cache(command),
         Command::Bench(BenchCommand::Projection(args)) => bench::projection(args),
         Command::Bench(BenchCommand::Align(args)) => bench::align(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`xtoken … | head`): nothing left to say.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

@@ -285,6 +285,65 @@ fn align_jsonl_to_cache_and_json_lines() {
     }
     drop(opened);
 
+    // `xtoken cache` reads it back: info, verify (with the tokenizers), show = `align --json`.
+    let c = cache.to_str().unwrap();
+    let (l, q_, p_) = (
+        llama.to_str().unwrap(),
+        qwen.to_str().unwrap(),
+        phi.to_str().unwrap(),
+    );
+    let info = xtoken(&["cache", "info", c]);
+    assert!(
+        text(&info.stdout).contains("4 documents"),
+        "{}",
+        text(&info.stderr)
+    );
+    let verify = [
+        "cache",
+        "verify",
+        c,
+        "--student",
+        l,
+        "--teacher",
+        q_,
+        "--teacher",
+        p_,
+    ];
+    let ok = xtoken(&verify);
+    assert!(
+        text(&ok.stdout).contains("ok, 4 documents"),
+        "{}",
+        text(&ok.stderr)
+    );
+    let show = xtoken(&[
+        "cache",
+        "show",
+        c,
+        "--doc",
+        "1",
+        "--student",
+        l,
+        "--teacher",
+        q_,
+        "--teacher",
+        p_,
+        "--json",
+    ]);
+    let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(shown, objects[1]);
+    let mut bytes = std::fs::read(&cache).unwrap();
+    let last_record_byte = bytes.len() - 4 * 24 - 8;
+    bytes[last_record_byte] ^= 0x55;
+    let damaged = work.join("damaged.xtalign");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let bad = xtoken(&["cache", "verify", damaged.to_str().unwrap()]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("document 3: checksum mismatch"),
+        "{}",
+        text(&bad.stderr)
+    );
+
     // Bad input names the file and line; a cache from other tokenizers is refused.
     std::fs::write(&input, "{\"text\": \"ok\"}\n{\"text\": 3}\n").unwrap();
     let out = xtoken(&[&base[..], &["--json"]].concat());
