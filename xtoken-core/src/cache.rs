@@ -105,20 +105,18 @@ pub fn encode_record(student: &[u32], teachers: &[(&[u32], &Alignment)]) -> Resu
         let count_at = words.len();
         words.push(0);
         words.extend_from_slice(ids);
-        let mut runs = 0u32;
+        let runs_start = words.len();
         for chunk in &alignment.chunks {
-            for run in chunk_runs(chunk)? {
-                words.push(run);
-                runs += 1;
-            }
+            push_runs(chunk, &mut words)?;
         }
-        words[count_at] = runs;
+        words[count_at] = (words.len() - runs_start) as u32;
     }
     Ok(words.iter().flat_map(|w| w.to_le_bytes()).collect())
 }
 
-/// A chunk as one or more runs; long gaps are split, a two-sided chunk must fit 16 bits a side.
-fn chunk_runs(chunk: &Chunk) -> Result<Vec<u32>> {
+/// Appends a chunk as one or more runs; long gaps are split, a two-sided chunk must fit 16 bits
+/// a side.
+fn push_runs(chunk: &Chunk, words: &mut Vec<u32>) -> Result<()> {
     let (s, t) = (chunk.student.len, chunk.teacher.len);
     if chunk.is_aligned() {
         if s > 0xFFFF || t > 0xFFFF {
@@ -128,17 +126,16 @@ fn chunk_runs(chunk: &Chunk) -> Result<Vec<u32>> {
                 why: "a two-sided chunk can hold at most 65535 tokens a side in the cache",
             });
         }
-        return Ok(vec![s | (t << 16)]);
+        words.push(s | (t << 16));
+        return Ok(());
     }
-    let (total, shift) = if s > 0 { (s, 0) } else { (t, 16) };
-    let mut runs = Vec::new();
-    let mut left = total;
+    let (mut left, shift) = if s > 0 { (s, 0) } else { (t, 16) };
     while left > 0 {
         let n = left.min(0xFFFF);
-        runs.push(n << shift);
+        words.push(n << shift);
         left -= n;
     }
-    Ok(runs)
+    Ok(())
 }
 
 /// Writes a cache: records in order, then the index and header, then renames into place.
@@ -301,17 +298,10 @@ impl CachedTeacher<'_> {
         let (mut p, mut q) = (0u32, 0u32);
         for &run in self.runs {
             let (s, t) = (run & 0xFFFF, run >> 16);
-            let kind = match (s, t) {
-                (0, _) | (_, 0) => ChunkKind::Gap,
-                (1, 1) => ChunkKind::Match,
-                (1, _) => ChunkKind::OneToMany,
-                (_, 1) => ChunkKind::ManyToOne,
-                _ => ChunkKind::Span,
-            };
             chunks.push(Chunk {
                 student: Positions { start: p, len: s },
                 teacher: Positions { start: q, len: t },
-                kind,
+                kind: ChunkKind::from_lengths(s, t),
             });
             p += s;
             q += t;
@@ -536,15 +526,7 @@ mod tests {
                 let c = Chunk {
                     student: Positions { start: p, len: a },
                     teacher: Positions { start: q, len: b },
-                    kind: if a == 0 || b == 0 {
-                        ChunkKind::Gap
-                    } else if a == 1 && b == 1 {
-                        ChunkKind::Match
-                    } else if a == 1 {
-                        ChunkKind::OneToMany
-                    } else {
-                        ChunkKind::ManyToOne
-                    },
+                    kind: ChunkKind::from_lengths(a, b),
                 };
                 p += a;
                 q += b;

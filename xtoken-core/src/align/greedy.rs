@@ -48,13 +48,7 @@ pub fn greedy(aligner: &Aligner, student: &[u32], teacher: &[u32]) -> Result<Ali
 }
 
 fn group(i0: usize, i: usize, j0: usize, j: usize) -> Chunk {
-    let kind = match (i - i0, j - j0) {
-        (0, _) | (_, 0) => ChunkKind::Gap,
-        (1, 1) => ChunkKind::Match,
-        (1, _) => ChunkKind::OneToMany,
-        (_, 1) => ChunkKind::ManyToOne,
-        _ => ChunkKind::Span,
-    };
+    let kind = ChunkKind::from_lengths((i - i0) as u32, (j - j0) as u32);
     Chunk {
         student: Positions::new(i0, i),
         teacher: Positions::new(j0, j),

@@ -218,6 +218,20 @@ pub struct Chunk {
     pub kind: ChunkKind,
 }
 
+impl ChunkKind {
+    /// The kind a chunk of `student` × `teacher` positions has by its shape alone (a 1×1 chunk
+    /// is a match, one empty side a gap, more than one token on both sides a span).
+    pub fn from_lengths(student: u32, teacher: u32) -> Self {
+        match (student, teacher) {
+            (0, _) | (_, 0) => ChunkKind::Gap,
+            (1, 1) => ChunkKind::Match,
+            (1, _) => ChunkKind::OneToMany,
+            (_, 1) => ChunkKind::ManyToOne,
+            _ => ChunkKind::Span,
+        }
+    }
+}
+
 impl Chunk {
     /// Whether the chunk pairs positions of both sides (it contributes to the loss).
     pub fn is_aligned(&self) -> bool {
@@ -429,12 +443,6 @@ impl Aligner {
         &self.params
     }
 
-    /// The bytes token `id` of `side` stands for (a special token's literal text).
-    pub fn token_bytes(&self, side: Side, id: u32) -> Option<&[u8]> {
-        let table = self.table(side);
-        ((id as usize) < table.size()).then(|| table.bytes(id))
-    }
-
     /// The bytes a sequence spells as the DP sees them (special tokens as their literal text, a
     /// SentencePiece dummy prefix space dropped), and each token's start offset plus the end.
     pub fn spell(&self, side: Side, ids: &[u32]) -> Result<(Vec<u8>, Vec<u32>)> {
@@ -477,11 +485,10 @@ impl Aligner {
         let mut width = self.params.band_bytes.max(needed);
         loop {
             let full = width >= full_width;
-            let cells = self.band(ws, if full { u32::MAX } else { width });
-            self.fill(ws);
-            let touched = self.backtrace(ws);
+            let band_width = if full { u32::MAX } else { width };
+            let (cells, touched) = self.run(ws, band_width);
             if !touched || full {
-                return Ok(self.finish(ws, if full { u32::MAX } else { width }, false));
+                return Ok(self.finish(ws, band_width, false));
             }
             let wider = width.saturating_mul(2);
             let next_cells = if wider >= full_width {
@@ -500,10 +507,17 @@ impl Aligner {
     pub fn align_exhaustive(&self, student: &[u32], teacher: &[u32]) -> Result<Alignment> {
         let ws = &mut Workspace::default();
         self.load(ws, student, teacher)?;
-        self.band(ws, u32::MAX);
-        self.fill(ws);
-        self.backtrace(ws);
+        self.run(ws, u32::MAX);
         Ok(self.finish(ws, u32::MAX, false))
+    }
+
+    /// One DP in a band of half-width `width` (`u32::MAX`: the full table): lays out the band,
+    /// fills it and walks back. Returns the band's cell count and whether the path touched its
+    /// edge.
+    fn run(&self, ws: &mut Workspace, width: u32) -> (usize, bool) {
+        let cells = self.band(ws, width);
+        self.fill(ws);
+        (cells, self.backtrace(ws))
     }
 
     fn load(&self, ws: &mut Workspace, student: &[u32], teacher: &[u32]) -> Result<()> {
@@ -789,7 +803,8 @@ fn recover_spans(
     teacher: std::ops::Range<usize>,
     chunks: &mut Vec<Chunk>,
 ) {
-    let trim = |seq: &Sequence, mut r: std::ops::Range<usize>| {
+    // The run without the special tokens at its ends.
+    let text_core = |seq: &Sequence, r: &std::ops::Range<usize>| {
         let (mut head, mut tail) = (r.start, r.end);
         while head < tail && seq.special[head] {
             head += 1;
@@ -797,13 +812,14 @@ fn recover_spans(
         while tail > head && seq.special[tail - 1] {
             tail -= 1;
         }
-        let inner = head..tail;
-        r.end = head;
-        (r, inner, tail)
+        head..tail
     };
-    let (s_head, s_inner, s_tail_start) = trim(s, student.clone());
-    let (t_head, t_inner, t_tail_start) = trim(t, teacher.clone());
-    push_gaps(chunks, s_head, t_head);
+    let (s_inner, t_inner) = (text_core(s, &student), text_core(t, &teacher));
+    push_gaps(
+        chunks,
+        student.start..s_inner.start,
+        teacher.start..t_inner.start,
+    );
     let (mut p, mut q) = (s_inner.start, t_inner.start);
     // Unaligned positions not yet emitted, since (gap_p, gap_q).
     let (mut gap_p, mut gap_q) = (p, q);
@@ -842,8 +858,14 @@ fn recover_spans(
             gap_q = q;
         }
     }
-    push_gaps(chunks, gap_p..s_tail_start, gap_q..t_tail_start);
-    push_gaps(chunks, s_tail_start..student.end, t_tail_start..teacher.end);
+    push_gaps(chunks, gap_p..s_inner.end, gap_q..t_inner.end);
+    push_gaps(chunks, s_inner.end..student.end, t_inner.end..teacher.end);
+}
+
+/// The class of `bytes`: the one it already has, or the next free one.
+fn intern<'v>(interned: &mut HashMap<&'v [u8], u32>, bytes: &'v [u8]) -> u32 {
+    let next = interned.len() as u32;
+    *interned.entry(bytes).or_insert(next)
 }
 
 /// Equality class of every id: interned bytes for text and special tokens, a never-matching
@@ -859,10 +881,7 @@ fn class_ids<'v>(
         .map(|token| match token.kind {
             TokenKind::Padding => padding,
             _ if token.bytes.is_empty() => padding,
-            _ => {
-                let next = interned.len() as u32;
-                *interned.entry(&token.bytes).or_insert(next)
-            }
+            _ => intern(interned, &token.bytes),
         })
         .collect();
     classes.resize(vocab.size(), padding);
@@ -886,13 +905,7 @@ fn unprefixed_classes<'v>(
                 .filter(|t| matches!(t.kind, TokenKind::Normal | TokenKind::ByteFallback))
                 .and_then(|t| t.bytes.strip_prefix(b" "))
                 .filter(|rest| !rest.is_empty());
-            match rest {
-                Some(rest) => {
-                    let next = interned.len() as u32;
-                    *interned.entry(rest).or_insert(next)
-                }
-                None => empty,
-            }
+            rest.map_or(empty, |rest| intern(interned, rest))
         })
         .collect();
     Some(classes)
