@@ -105,19 +105,7 @@ impl Pipeline {
     /// Loads the tokenizers (in parallel) and indexes every pair.
     pub fn load(student: &Path, teachers: &[PathBuf], params: AlignParams) -> Result<Self> {
         params.validate()?;
-        let (student, teachers) = std::thread::scope(|scope| {
-            let handles: Vec<_> = teachers
-                .iter()
-                .map(|t| scope.spawn(move || Vocabulary::load(t)))
-                .collect();
-            let student = Vocabulary::load(student);
-            let teachers: Result<Vec<_>, _> = handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect();
-            (student, teachers)
-        });
-        let (student, teachers) = (student?, teachers?);
+        let (student, teachers) = load_all(student, teachers)?;
         let aligners = teachers
             .iter()
             .map(|t| Aligner::new(&student, t, params))
@@ -537,13 +525,21 @@ pub enum CacheCommand {
     },
 }
 
+/// Loads the student and every teacher tokenizer, one thread each.
 fn load_all(student: &Path, teachers: &[PathBuf]) -> Result<(Vocabulary, Vec<Vocabulary>)> {
-    let student = Vocabulary::load(student)?;
-    let teachers = teachers
-        .iter()
-        .map(Vocabulary::load)
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((student, teachers))
+    let (student, teachers) = std::thread::scope(|scope| {
+        let handles: Vec<_> = teachers
+            .iter()
+            .map(|t| scope.spawn(move || Vocabulary::load(t)))
+            .collect();
+        let student = Vocabulary::load(student);
+        let teachers: Result<Vec<_>, _> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect();
+        (student, teachers)
+    });
+    Ok((student?, teachers?))
 }
 
 /// Runs `xtoken cache …`.
