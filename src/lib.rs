@@ -1,7 +1,13 @@
 //! xtoken: cross-tokenizer knowledge distillation of language models (the X-Token method) on burn.
 //!
 //! This facade re-exports the workspace crates so that a user depends on one package:
-//! [`core`] holds the tokenizer layer, the projection matrix W and the coverage audit.
+//! [`core`] holds the tokenizer layer, the projection matrix W, the coverage audit, the DP
+//! alignment and the chunk plans; [`loss`] the distillation losses (KL, ULD, GOLD, P-KL, H-KL,
+//! multi-teacher, dynamic scaling) for a burn training loop; [`kernels`] the backend extension
+//! they run on.
 
 pub use xtoken_core as core;
+pub use xtoken_core::loss;
 pub use xtoken_core::{Error, Result};
+pub use xtoken_kernels as kernels;
+pub use xtoken_kernels::XTokenBackend;

@@ -64,6 +64,34 @@ impl CommonSet {
         Self::from_pairs(pairs, w.student_vocab_size().max(strict.student_in.len()))
     }
 
+    /// A set from explicit pairs over a student vocabulary of `student_size` ids; refuses a
+    /// student or teacher id that occurs twice or a student id past the vocabulary.
+    pub fn new(mut pairs: Vec<(u32, u32)>, student_size: usize) -> crate::Result<Self> {
+        pairs.sort_unstable();
+        let mut teachers: Vec<u32> = pairs.iter().map(|&(_, t)| t).collect();
+        teachers.sort_unstable();
+        let repeated_student = pairs.windows(2).find(|w| w[0].0 == w[1].0).map(|w| w[0].0);
+        let repeated_teacher = teachers.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
+        if let Some((side, id)) = repeated_student
+            .map(|s| ("student", s))
+            .or(repeated_teacher.map(|t| ("teacher", t)))
+        {
+            return Err(crate::Error::BadParameter {
+                name: "common set",
+                value: format!("{side} id {id} in two pairs"),
+                why: "the common set must be 1-to-1",
+            });
+        }
+        if let Some(&(s, _)) = pairs.iter().find(|&&(s, _)| s as usize >= student_size) {
+            return Err(crate::Error::BadParameter {
+                name: "common set",
+                value: format!("student id {s}"),
+                why: "is past the student vocabulary",
+            });
+        }
+        Ok(Self::from_pairs(pairs, student_size))
+    }
+
     fn from_pairs(pairs: Vec<(u32, u32)>, student_size: usize) -> Self {
         let mut student_in = vec![false; student_size];
         for &(s, _) in &pairs {

@@ -106,6 +106,26 @@ pub enum Error {
     /// An audit category name is not one of the known categories.
     #[error("unknown audit category `{name}`; known: {known}")]
     UnknownCategory { name: String, known: String },
+
+    /// Logits that the loss read hold NaN or +inf (or only -inf) at one position.
+    #[error("{side} logits: non-finite value (NaN, +inf, or only -inf) at sequence {sequence}, position {position}")]
+    NonFiniteLogits {
+        side: &'static str,
+        sequence: usize,
+        position: usize,
+    },
+
+    /// A tensor handed to a loss has the wrong shape.
+    #[error("{what}: expected shape {expected}, found {found}")]
+    Shape {
+        what: &'static str,
+        expected: String,
+        found: String,
+    },
+
+    /// A fused loss operation refused its input.
+    #[error(transparent)]
+    Kernel(#[from] xtoken_kernels::KernelError),
 }
 
 /// Result with the crate's [`Error`].

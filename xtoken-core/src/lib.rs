@@ -20,6 +20,7 @@ pub mod cache;
 pub mod canon;
 pub mod common;
 pub mod error;
+pub mod loss;
 pub mod matching;
 pub mod plan;
 pub mod projection;

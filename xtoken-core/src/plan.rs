@@ -116,6 +116,9 @@ pub struct SideIndices {
     /// Per position `[B · T]`: the chunk slot covering it, `-1` for gaps, padding and masked
     /// chunks.
     pub position_chunk: Vec<i32>,
+    /// Per position `[B · T]`: the observed next token (the target of next-token cross-entropy),
+    /// `-1` at each sequence's last position and on padding.
+    pub next_token: Vec<i32>,
 }
 
 impl SideIndices {
@@ -185,6 +188,8 @@ impl BatchPlan {
         out.teacher.predict_row = vec![0; batch * chunks];
         out.student.position_chunk = vec![-1; batch * student_len];
         out.teacher.position_chunk = vec![-1; batch * teacher_len];
+        out.student.next_token = vec![-1; batch * student_len];
+        out.teacher.next_token = vec![-1; batch * teacher_len];
         for (b, item) in items.iter().enumerate() {
             let plan = item.plan;
             check_len(
@@ -201,6 +206,14 @@ impl BatchPlan {
                 plan.teacher_len,
                 teacher_len,
             )?;
+            for (side, ids, len) in [
+                (&mut out.student, item.student_ids, student_len),
+                (&mut out.teacher, item.teacher_ids, teacher_len),
+            ] {
+                for (p, &next) in ids.iter().enumerate().skip(1) {
+                    side.next_token[b * len + p - 1] = next as i32;
+                }
+            }
             for k in 0..plan.len() {
                 if !plan.is_valid(k) {
                     continue;

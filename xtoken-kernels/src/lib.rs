@@ -1,6 +1,158 @@
-//! Device operations of X-Token behind one burn backend extension: cubecl kernels for CUDA and
-//! wgpu, and a portable tensor-op fallback for every other burn backend.
+//! Device operations of X-Token behind one burn backend extension, [`XTokenBackend`].
 //!
-//! The sparse projection, chunk merge and fused softmax–KL kernels land here (issue 6). The
-//! `cuda` and `wgpu` features already pull in the pinned burn 0.21.0 backends, so the pins are
-//! checked by `cargo check --features cuda` long before the kernels exist.
+//! The losses of `xtoken-core` never compose full-vocabulary burn ops. They call two fused
+//! operations, each evaluated in row chunks so that the working memory stays a few
+//! `row_chunk × V` buffers whatever the sequence length:
+//!
+//! - [`XTokenBackend::xt_teacher_entries`]: per chunk slot, the teacher's merged log-probabilities
+//!   on its top-K tokens (and, on request, the confidence statistics of adaptive weighting);
+//! - [`XTokenBackend::xt_loss`]: the student's merged distributions, the loss (KL, projected KL,
+//!   hybrid common-KL + sorted L1, or cross-entropy) and, in the same pass, its gradient with
+//!   respect to the student logits and the projection weights.
+//!
+//! Every backend gets the portable host implementation ([`host`]) through the trait's default
+//! methods: it copies one row chunk at a time with `into_data`, runs on all cores, and uploads
+//! the gradient. ndarray's f32 logits already live in host memory, so its implementation reads
+//! them in place. `Autodiff<B>` wraps any implementation with a backward step that scales the
+//! stored gradient. GPU kernels (cubecl, issue 6) override the two methods for `CubeBackend`.
+
+pub mod error;
+pub mod host;
+pub mod spec;
+
+mod autodiff;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+
+pub use error::KernelError;
+pub use spec::{CommonPairs, Confidence, GradRequest, LossSpec, MergePlan, Objective, TeacherSpec};
+
+/// The teacher's targets: per chunk slot, its kept token ids and their merged log-probabilities.
+#[derive(Debug, Clone)]
+pub struct TeacherEntries<B: Backend> {
+    /// Token ids `[slots, k]` (int), best first; rows of skipped slots are 0.
+    pub ids: IntTensor<B>,
+    /// Merged, tempered `log p̂_T` `[slots, k]`; rows of skipped slots are −∞.
+    pub logp: FloatTensor<B>,
+    /// Entries per slot (`min(top_k, V_T)`).
+    pub k: usize,
+    /// The teacher's vocabulary size.
+    pub vocab: usize,
+    /// Confidence statistics, when the spec asked for them.
+    pub confidence: Option<Confidence>,
+}
+
+/// The sparse projection W `[V_S, K_w]` on the device: teacher ids (`-1`: empty slot) and
+/// non-negative weights whose rows sum to 1 (or 0 for an empty row).
+#[derive(Debug, Clone)]
+pub struct ProjectionTensors<B: Backend> {
+    /// Teacher ids `[V_S, K_w]` (int).
+    pub indices: IntTensor<B>,
+    /// Weights `[V_S, K_w]`.
+    pub weights: FloatTensor<B>,
+}
+
+/// A fused evaluation's result.
+#[derive(Debug, Clone)]
+pub struct LossOutput<B: Backend> {
+    /// The loss `[1]`.
+    pub value: FloatTensor<B>,
+    /// `∂loss/∂logits` `[B, T_S, V_S]`, when requested.
+    pub grad_logits: Option<FloatTensor<B>>,
+    /// `∂loss/∂weights` `[V_S, K_w]`, when requested.
+    pub grad_weights: Option<FloatTensor<B>>,
+}
+
+/// The backend extension the X-Token losses run on. The default methods are the portable host
+/// implementation; a backend with its own kernels overrides them.
+pub trait XTokenBackend: Backend {
+    /// Extracts the teacher's targets from its logits `[B, T_T, V_T]` (no gradient); rows of the
+    /// merge plan are `b · T_T + position`.
+    fn xt_teacher_entries(
+        logits: FloatTensor<Self>,
+        spec: &TeacherSpec,
+    ) -> Result<TeacherEntries<Self>, KernelError> {
+        host::teacher_entries::<Self>(logits, spec)
+    }
+
+    /// Evaluates a loss on the student logits `[B, T_S, V_S]` and, as requested, its gradients.
+    /// `projection` is required by [`Objective::Projected`], `teacher` by every objective but
+    /// cross-entropy.
+    fn xt_loss(
+        logits: FloatTensor<Self>,
+        projection: Option<ProjectionTensors<Self>>,
+        teacher: Option<TeacherEntries<Self>>,
+        spec: &LossSpec,
+        want: GradRequest,
+    ) -> Result<LossOutput<Self>, KernelError> {
+        host::loss::<Self>(logits, projection, teacher, spec, want)
+    }
+}
+
+/// ndarray's f32 logits are already host memory: the kernels read them in place, without the
+/// row copies of the portable path.
+impl<E, I, Q> XTokenBackend for burn::backend::NdArray<E, I, Q>
+where
+    burn::backend::NdArray<E, I, Q>: Backend<FloatTensorPrimitive = NdArrayTensor>,
+    NdArrayTensor:
+        From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
+{
+    fn xt_teacher_entries(
+        logits: FloatTensor<Self>,
+        spec: &TeacherSpec,
+    ) -> Result<TeacherEntries<Self>, KernelError> {
+        let entries = match ndarray_rows(&logits) {
+            Some(src) => {
+                let vocab = host::RowSource::vocab(&src);
+                let found = host::teacher_entries_from(&src, spec)?;
+                host::entries_to_device::<Self>(found, vocab, &Default::default())
+            }
+            None => return host::teacher_entries::<Self>(logits, spec),
+        };
+        Ok(entries)
+    }
+
+    fn xt_loss(
+        logits: FloatTensor<Self>,
+        projection: Option<ProjectionTensors<Self>>,
+        teacher: Option<TeacherEntries<Self>>,
+        spec: &LossSpec,
+        want: GradRequest,
+    ) -> Result<LossOutput<Self>, KernelError> {
+        let Some(src) = ndarray_rows(&logits) else {
+            return host::loss::<Self>(logits, projection, teacher, spec, want);
+        };
+        let shape = ndarray_shape(&logits);
+        let found = host::loss_from::<_, Self>(&src, projection, teacher, spec, want)?;
+        Ok(host::loss_to_device::<Self>(
+            found,
+            shape,
+            burn::tensor::DType::F32,
+            &Default::default(),
+        ))
+    }
+}
+
+use burn::backend::ndarray::NdArrayTensor;
+
+/// The f32 data of a contiguous `[B, T, V]` ndarray tensor, borrowed.
+fn ndarray_rows(t: &NdArrayTensor) -> Option<host::SliceRows<'_>> {
+    match t {
+        NdArrayTensor::F32(storage) => {
+            let shape = storage.shape().to_vec();
+            host::SliceRows::new(storage.view().to_slice()?, &shape)
+        }
+        _ => None,
+    }
+}
+
+fn ndarray_shape(t: &NdArrayTensor) -> [usize; 3] {
+    match t {
+        NdArrayTensor::F32(storage) => match storage.shape() {
+            &[b, t, v] => [b, t, v],
+            _ => [0; 3],
+        },
+        _ => [0; 3],
+    }
+}

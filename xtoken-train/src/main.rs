@@ -1,7 +1,12 @@
 //! `xtoken`: the command-line tool of the X-Token cross-tokenizer distillation framework.
 
 mod align;
+mod alloc;
 mod bench;
+mod bench_loss;
+
+#[global_allocator]
+static ALLOCATOR: alloc::Counting = alloc::Counting;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,6 +64,9 @@ enum BenchCommand {
     Projection(bench::ProjectionBenchArgs),
     /// Alignment speed per kind of text: the DP alone, and `xtoken align` end to end.
     Align(bench::AlignBenchArgs),
+    /// Forward + backward time and peak memory of P-KL and H-KL on CPU (ndarray): the fused,
+    /// row-chunked losses against a naive composition of burn tensor ops.
+    Loss(bench_loss::LossBenchArgs),
 }
 
 /// A student and a teacher tokenizer, each a directory with tokenizer.json or the file itself.
@@ -174,6 +182,7 @@ fn main() -> ExitCode {
         Command::Cache(command) => align::cache(command),
         Command::Bench(BenchCommand::Projection(args)) => bench::projection(args),
         Command::Bench(BenchCommand::Align(args)) => bench::align(args),
+        Command::Bench(BenchCommand::Loss(args)) => bench_loss::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,220 @@
+//! What a fused loss evaluation needs besides tensors: the merge plan of one side, the objective,
+//! the temperature. All of it is host data built once per batch (the plan) or once per run (the
+//! common set), so every backend reads it the same way.
+
+use std::sync::Arc;
+
+use crate::error::KernelError;
+
+/// How one side's merged chunk distributions are gathered from its flattened logits `[N, V]`.
+///
+/// Chunk slot `c` compares `log p̂_c(v) = log p[predict_row[c]](v) + σ_c`, where `σ_c` sums
+/// `log p[row](token)` over the continuation terms of slot `c` (DESIGN.md, "Chunk merge"). Slots
+/// with no predicting row are padding or chunks without a predicting position: the loss skips
+/// them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MergePlan {
+    /// Rows of the flattened logits.
+    pub rows: usize,
+    /// Per chunk slot: the predicting row, `None` for a slot the loss skips.
+    pub predict_row: Vec<Option<u32>>,
+    /// Continuation terms `(row, token, slot)`.
+    pub continuation: Vec<(u32, u32, u32)>,
+}
+
+impl MergePlan {
+    /// Number of chunk slots.
+    pub fn slots(&self) -> usize {
+        self.predict_row.len()
+    }
+
+    /// Number of slots the loss compares (the mean's denominator).
+    pub fn valid(&self) -> usize {
+        self.predict_row.iter().filter(|r| r.is_some()).count()
+    }
+
+    /// Checks every row and token against the logits' shape.
+    pub fn check(&self, side: &'static str, rows: usize, vocab: usize) -> Result<(), KernelError> {
+        if rows != self.rows {
+            return Err(KernelError::Shape {
+                what: side,
+                expected: format!("{} rows", self.rows),
+                found: format!("{rows} rows"),
+            });
+        }
+        let bad_row = |row: u32| KernelError::IndexOutOfRange {
+            what: side,
+            field: "row",
+            index: row as i64,
+            size: rows,
+        };
+        let mut seen = vec![false; rows];
+        for &row in self.predict_row.iter().flatten() {
+            match seen.get_mut(row as usize) {
+                None => return Err(bad_row(row)),
+                Some(true) => {
+                    return Err(KernelError::Invalid {
+                        what: side,
+                        why: format!("row {row} predicts two chunk slots; each row predicts one"),
+                    })
+                }
+                Some(slot) => *slot = true,
+            }
+        }
+        for &(row, token, slot) in &self.continuation {
+            if row as usize >= rows {
+                return Err(bad_row(row));
+            }
+            if token as usize >= vocab {
+                return Err(KernelError::IndexOutOfRange {
+                    what: side,
+                    field: "continuation token",
+                    index: token as i64,
+                    size: vocab,
+                });
+            }
+            if slot as usize >= self.slots() {
+                return Err(KernelError::IndexOutOfRange {
+                    what: side,
+                    field: "continuation slot",
+                    index: slot as i64,
+                    size: self.slots(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The common set C of the hybrid losses as two partner tables (`-1`: no partner).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommonPairs {
+    /// Per student id: its teacher partner.
+    pub student_partner: Vec<i32>,
+    /// Per teacher id: its student partner.
+    pub teacher_partner: Vec<i32>,
+}
+
+impl CommonPairs {
+    /// Builds the tables from 1-to-1 pairs; a repeated id on either side is an error.
+    pub fn new(
+        pairs: &[(u32, u32)],
+        student_vocab: usize,
+        teacher_vocab: usize,
+    ) -> Result<Self, KernelError> {
+        let mut student_partner = vec![-1; student_vocab];
+        let mut teacher_partner = vec![-1; teacher_vocab];
+        for &(s, t) in pairs {
+            let (Some(sp), Some(tp)) = (
+                student_partner.get_mut(s as usize),
+                teacher_partner.get_mut(t as usize),
+            ) else {
+                return Err(KernelError::IndexOutOfRange {
+                    what: "common set",
+                    field: "pair",
+                    index: s.max(t) as i64,
+                    size: student_vocab.min(teacher_vocab),
+                });
+            };
+            if *sp >= 0 || *tp >= 0 {
+                return Err(KernelError::Invalid {
+                    what: "common set",
+                    why: format!("pair ({s}, {t}) repeats an id: the set must be 1-to-1"),
+                });
+            }
+            *sp = t as i32;
+            *tp = s as i32;
+        }
+        Ok(Self {
+            student_partner,
+            teacher_partner,
+        })
+    }
+
+    /// No common pairs: every token is in the remainders (plain ULD).
+    pub fn none(student_vocab: usize, teacher_vocab: usize) -> Self {
+        Self {
+            student_partner: vec![-1; student_vocab],
+            teacher_partner: vec![-1; teacher_vocab],
+        }
+    }
+}
+
+/// What the fused student-side evaluation computes per chunk.
+#[derive(Debug, Clone)]
+pub enum Objective {
+    /// `KL(p̂_T ‖ p̂_S)` over the teacher's kept entries; teacher ids index the student vocabulary.
+    Kl,
+    /// `KL(p̂_T ‖ Wᵀp̂_S)` over the teacher's kept entries, with `log(Wᵀp̂_S + eps)` so that
+    /// teacher tokens no student row reaches cost a constant instead of infinity.
+    Projected {
+        /// Added inside the logarithm.
+        eps: f32,
+    },
+    /// `λ_KL · Σ_{(s,t)∈C} p̂_T[t](log p̂_T[t] − log p̂_S[s]) + λ_ULD · ‖sort↓ p̂_S|_U − sort↓ p̂_T|_U‖₁`.
+    Hybrid {
+        /// The common set C.
+        common: Arc<CommonPairs>,
+        /// Weight of the common KL term.
+        lambda_kl: f32,
+        /// Weight of the sorted-L1 term.
+        lambda_uld: f32,
+    },
+    /// Mean next-token cross-entropy; `targets[row]` is the token row predicts, `-1` to skip.
+    CrossEntropy {
+        /// One target per row.
+        targets: Arc<[i32]>,
+    },
+}
+
+/// Everything but tensors that one fused student-side evaluation needs.
+#[derive(Debug, Clone)]
+pub struct LossSpec {
+    /// The loss.
+    pub objective: Objective,
+    /// The student side of the merge (ignored by cross-entropy).
+    pub merge: MergePlan,
+    /// Temperature τ, applied to the logits of both sides; the loss is multiplied by τ².
+    pub tau: f32,
+    /// Rows evaluated at once: bounds the working memory to a few `row_chunk × V` buffers.
+    pub row_chunk: usize,
+}
+
+/// Everything but tensors that extracting the teacher's targets needs.
+#[derive(Debug, Clone)]
+pub struct TeacherSpec {
+    /// The teacher side of the merge.
+    pub merge: MergePlan,
+    /// Entries kept per chunk (`usize::MAX` keeps the whole vocabulary).
+    pub top_k: usize,
+    /// Temperature τ.
+    pub tau: f32,
+    /// Rows read at once.
+    pub row_chunk: usize,
+    /// Per row, the observed next token (`-1`: none); when given, the confidence statistics of
+    /// adaptive multi-teacher weighting are computed over these rows.
+    pub next_token: Option<Arc<[i32]>>,
+}
+
+/// Which gradients a fused evaluation should produce.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GradRequest {
+    /// With respect to the student logits.
+    pub logits: bool,
+    /// With respect to the projection weights.
+    pub weights: bool,
+}
+
+/// Batch means of a teacher's per-position confidence (paper, appendix "Confidence-adaptive
+/// weight schedules"), on its untempered distribution.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Confidence {
+    /// Mean of `log p[y]` over positions with an observed next token `y` (that is, `−CE`).
+    pub neg_cross_entropy: f64,
+    /// Mean of `Σ p log p` (that is, `−H`).
+    pub neg_entropy: f64,
+    /// Mean of `max p`.
+    pub max_prob: f64,
+    /// Positions averaged.
+    pub positions: usize,
+}
