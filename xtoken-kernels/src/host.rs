@@ -1,5 +1,7 @@
-//! The portable implementation of the fused operations: row chunks are read to the host with
-//! `into_data`, evaluated on all cores, and the gradient is written back as one tensor.
+//! The host implementation of the fused operations. Logit rows come from a [`RowSource`]: the
+//! portable [`TensorRows`] copies one row chunk at a time with `into_data` (any backend),
+//! [`SliceRows`] borrows logits already in host memory (ndarray). Rows are evaluated on all
+//! cores and the gradient is uploaded as one tensor.
 //!
 //! Per chunk slot `c` with predicting row `r` and merge shift `σ_c` (the summed continuation
 //! log-probabilities), the student's merged log-distribution is `lp̂ = z_r/τ − lse_r + σ_c`.
@@ -10,8 +12,9 @@
 //! - on a continuation row `i` reading token `x` for slot `c`: `∂/∂z_i = s/τ · Σh_c · (e_x − p_i)`.
 //!
 //! Three passes read the logits: continuation rows (for `σ`), predicting rows (loss and
-//! gradient), continuation rows again (their gradient). Only one `row_chunk × V` buffer per
-//! pass is alive, plus the gradient itself.
+//! gradient), continuation rows again (their gradient). Besides the gradient itself, at most one
+//! `row_chunk × V` copy (portable source only) and one vocabulary-sized scratch per thread are
+//! alive.
 
 use std::sync::Arc;
 
@@ -123,29 +126,32 @@ impl<B: Backend> RowSource for TensorRows<B> {
 /// place, without any copy.
 pub struct SliceRows<'a> {
     data: &'a [f32],
-    rows: usize,
-    vocab: usize,
+    shape: [usize; 3],
 }
 
 impl<'a> SliceRows<'a> {
     /// Borrows `[B, T, V]` data; `None` when the shape does not match.
     pub fn new(data: &'a [f32], shape: &[usize]) -> Option<Self> {
-        let [b, t, v] = shape else { return None };
+        let &[b, t, v] = shape else { return None };
         (data.len() == b * t * v).then_some(Self {
             data,
-            rows: b * t,
-            vocab: *v,
+            shape: [b, t, v],
         })
+    }
+
+    /// `[B, T, V]`.
+    pub fn shape(&self) -> [usize; 3] {
+        self.shape
     }
 }
 
 impl RowSource for SliceRows<'_> {
     fn rows(&self) -> usize {
-        self.rows
+        self.shape[0] * self.shape[1]
     }
 
     fn vocab(&self) -> usize {
-        self.vocab
+        self.shape[2]
     }
 
     fn read(&self, _: &[u32], _: &'static str) -> Result<Block<'_>, KernelError> {
@@ -323,12 +329,7 @@ fn merge_shifts<S: RowSource>(
             |_, &mut (i, row)| log_sum_exp(block.row(i, row, v), tau_inv),
         );
         for (i, &l) in lse.iter().enumerate() {
-            if !l.is_finite() {
-                return Err(KernelError::NonFinite {
-                    side,
-                    row: rows[i] as usize,
-                });
-            }
+            finite(l, side, rows[i])?;
             let z = block.row(i, rows[i], v);
             for &(token, slot) in &cont.terms[base + i] {
                 sigma[slot as usize] += (z[token as usize] * tau_inv - l) as f64;
@@ -397,13 +398,7 @@ pub fn teacher_entries_from<S: RowSource>(
 
     let mut ids = vec![0i64; slots * k];
     let mut logp = vec![f32::NEG_INFINITY; slots * k];
-    let valid: Vec<(usize, u32)> = spec
-        .merge
-        .predict_row
-        .iter()
-        .enumerate()
-        .filter_map(|(c, r)| r.map(|r| (c, r)))
-        .collect();
+    let valid: Vec<(usize, u32)> = spec.merge.predicting().collect();
     let mut orders = Vec::new();
     for chunk in valid.chunks(row_chunk) {
         let rows: Vec<u32> = chunk.iter().map(|&(_, r)| r).collect();
@@ -429,12 +424,7 @@ pub fn teacher_entries_from<S: RowSource>(
         );
         for (i, (lse, best)) in top.into_iter().enumerate() {
             let (slot, row) = chunk[i];
-            if !lse.is_finite() {
-                return Err(KernelError::NonFinite {
-                    side: "teacher",
-                    row: row as usize,
-                });
-            }
+            finite(lse, "teacher", row)?;
             let z = block.row(i, row, vt);
             let shift = sigma[slot];
             for (j, &t) in best.iter().enumerate() {
@@ -453,6 +443,18 @@ pub fn teacher_entries_from<S: RowSource>(
         k,
         confidence,
     })
+}
+
+/// `Ok` when a row's log-sum-exp is finite; otherwise the error naming the row.
+fn finite(lse: f32, side: &'static str, row: u32) -> Result<(), KernelError> {
+    if lse.is_finite() {
+        Ok(())
+    } else {
+        Err(KernelError::NonFinite {
+            side,
+            row: row as usize,
+        })
+    }
 }
 
 /// The `(row, target)` pairs of a per-row target array (`-1`: no target), checked against the
@@ -521,12 +523,7 @@ fn confidence<S: RowSource>(
             },
         );
         for (i, (lse, lpy, plogp, maxp)) in stats.into_iter().enumerate() {
-            if !lse.is_finite() {
-                return Err(KernelError::NonFinite {
-                    side: "teacher",
-                    row: chunk[i].0 as usize,
-                });
-            }
+            finite(lse, "teacher", chunk[i].0)?;
             sums.0 += lpy;
             sums.1 += plogp;
             sums.2 += maxp;
@@ -617,15 +614,13 @@ impl Scratch {
 fn predicting_row(
     ctx: &RowCtx<'_>,
     s: &mut Scratch,
-    slot: usize,
+    (slot, row): (usize, u32),
     sigma: f64,
     z: &[f32],
     out: Option<&mut [f32]>,
-) -> Option<(f64, f64)> {
+) -> Result<(f64, f64), KernelError> {
     let lse = softmax_into(z, ctx.tau_inv, &mut s.p);
-    if !lse.is_finite() {
-        return None;
-    }
+    finite(lse, "student", row)?;
     s.h.fill(0.0);
     let ids = &ctx.teacher_ids[slot * ctx.k..(slot + 1) * ctx.k];
     let logp = &ctx.teacher_logp[slot * ctx.k..(slot + 1) * ctx.k];
@@ -701,7 +696,7 @@ fn predicting_row(
             *g += c * (h - p * d);
         }
     }
-    Some((loss, dsigma))
+    Ok((loss, dsigma))
 }
 
 /// GOLD / H-KL / ULD on one predicting row; fills `s.h` and returns the loss.
@@ -1008,12 +1003,7 @@ fn distill<S: RowSource>(
     let merge = &spec.merge;
     let cont = Continuations::new(merge);
     let sigma = merge_shifts(src, merge, &cont, ctx.tau_inv, row_chunk, "student")?;
-    let valid: Vec<(usize, u32)> = merge
-        .predict_row
-        .iter()
-        .enumerate()
-        .filter_map(|(c, r)| r.map(|r| (c, r)))
-        .collect();
+    let valid: Vec<(usize, u32)> = merge.predicting().collect();
     let mut grad_rows = GradRows::new(grad, v);
     let mut total = 0.0f64;
     let mut dsigma = vec![0.0f64; merge.slots()];
@@ -1027,18 +1017,22 @@ fn distill<S: RowSource>(
             &mut scratches,
             || Scratch::new(ctx, v),
             |s, item| {
-                let (slot, _) = chunk[item.index];
-                let z = block.row(item.index, item.row, v);
-                predicting_row(ctx, s, slot, sigma[slot], z, item.grad.as_deref_mut())
+                let (slot, row) = chunk[item.index];
+                let z = block.row(item.index, row, v);
+                predicting_row(
+                    ctx,
+                    s,
+                    (slot, row),
+                    sigma[slot],
+                    z,
+                    item.grad.as_deref_mut(),
+                )
             },
         );
         grad_rows.give_back(items);
         for (i, result) in results.into_iter().enumerate() {
-            let (slot, row) = chunk[i];
-            let (loss, ds) = result.ok_or(KernelError::NonFinite {
-                side: "student",
-                row: row as usize,
-            })?;
+            let (slot, _) = chunk[i];
+            let (loss, ds) = result?;
             total += loss;
             dsigma[slot] += ds;
         }
@@ -1139,12 +1133,7 @@ fn cross_entropy<S: RowSource>(
         );
         grad_rows.give_back(items);
         for (i, (lse, loss)) in losses.into_iter().enumerate() {
-            if !lse.is_finite() {
-                return Err(KernelError::NonFinite {
-                    side: "student",
-                    row: chunk[i].0 as usize,
-                });
-            }
+            finite(lse, "student", chunk[i].0)?;
             total += loss;
         }
     }

@@ -102,15 +102,16 @@ where
         logits: FloatTensor<Self>,
         spec: &TeacherSpec,
     ) -> Result<TeacherEntries<Self>, KernelError> {
-        let entries = match ndarray_rows(&logits) {
-            Some(src) => {
-                let vocab = host::RowSource::vocab(&src);
-                let found = host::teacher_entries_from(&src, spec)?;
-                host::entries_to_device::<Self>(found, vocab, &Default::default())
-            }
-            None => return host::teacher_entries::<Self>(logits, spec),
+        let Some(src) = ndarray_rows(&logits) else {
+            return host::teacher_entries::<Self>(logits, spec);
         };
-        Ok(entries)
+        let found = host::teacher_entries_from(&src, spec)?;
+        let vocab = src.shape()[2];
+        Ok(host::entries_to_device::<Self>(
+            found,
+            vocab,
+            &Default::default(),
+        ))
     }
 
     fn xt_loss(
@@ -123,11 +124,10 @@ where
         let Some(src) = ndarray_rows(&logits) else {
             return host::loss::<Self>(logits, projection, teacher, spec, want);
         };
-        let shape = ndarray_shape(&logits);
         let found = host::loss_from::<_, Self>(&src, projection, teacher, spec, want)?;
         Ok(host::loss_to_device::<Self>(
             found,
-            shape,
+            src.shape(),
             burn::tensor::DType::F32,
             &Default::default(),
         ))
@@ -144,15 +144,5 @@ fn ndarray_rows(t: &NdArrayTensor) -> Option<host::SliceRows<'_>> {
             host::SliceRows::new(storage.view().to_slice()?, &shape)
         }
         _ => None,
-    }
-}
-
-fn ndarray_shape(t: &NdArrayTensor) -> [usize; 3] {
-    match t {
-        NdArrayTensor::F32(storage) => match storage.shape() {
-            &[b, t, v] => [b, t, v],
-            _ => [0; 3],
-        },
-        _ => [0; 3],
     }
 }

@@ -30,7 +30,15 @@ impl MergePlan {
 
     /// Number of slots the loss compares (the mean's denominator).
     pub fn valid(&self) -> usize {
-        self.predict_row.iter().filter(|r| r.is_some()).count()
+        self.predicting().count()
+    }
+
+    /// The compared slots and their predicting rows, `(slot, row)`, in slot order.
+    pub fn predicting(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        self.predict_row
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, row)| row.map(|row| (slot, row)))
     }
 
     /// Checks every row and token against the logits' shape.
