@@ -18,6 +18,7 @@
 
 pub mod error;
 pub mod host;
+pub mod memory;
 pub mod spec;
 
 mod autodiff;

@@ -1,2 +1,79 @@
 //! Llama-3, Qwen3 and Phi-3/Phi-4-mini as burn modules, loaded from Hugging Face `config.json`
-//! and safetensors checkpoints, behind one `CausalLm` trait (issue 5).
+//! and safetensors checkpoints and saved back in that layout, behind one [`CausalLm`] trait.
+//!
+//! ```no_run
+//! use burn::backend::NdArray;
+//! use burn::tensor::{Int, Tensor};
+//! use xtoken_models::{CausalLm, Transformer};
+//!
+//! let device = Default::default();
+//! let model = Transformer::<NdArray>::load("Llama-3.2-1B".as_ref(), &device)?;
+//! let ids = Tensor::<NdArray, 2, Int>::from_ints([[128000, 9906, 1917, 13]], &device);
+//! let logits = model.forward(ids, None)?; // [1, 4, 128256]
+//! # Ok::<(), xtoken_models::ModelError>(())
+//! ```
+
+pub mod checkpoint;
+pub mod config;
+mod error;
+mod hub;
+pub mod llama;
+pub mod model;
+pub mod phi3;
+pub mod qwen3;
+mod recompute;
+pub mod rope;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Int, Tensor};
+
+pub use checkpoint::SaveDtype;
+pub use config::{Architecture, Family, HfConfig};
+pub use error::{ModelError, Result};
+pub use hub::LoadOptions;
+pub use model::Transformer;
+pub use recompute::Backward;
+
+/// A causal language model: token ids in, next-token logits out. The hidden states are exposed
+/// separately so a loss can fuse the output head instead of materialising the logits.
+pub trait CausalLm<B: Backend> {
+    fn vocab_size(&self) -> usize;
+
+    /// `ids` `[batch, len]` → hidden states after the final norm, `[batch, len, hidden]`.
+    /// `padding` is `true` at padded positions (pad on the right).
+    fn hidden_states(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        padding: Option<Tensor<B, 2, Bool>>,
+    ) -> Result<Tensor<B, 3>>;
+
+    /// The output head: `[batch, len, hidden]` → `[batch, len, vocab]`.
+    fn logits_from_hidden(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3>;
+
+    /// `ids` `[batch, len]` → logits `[batch, len, vocab]`.
+    fn forward(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        padding: Option<Tensor<B, 2, Bool>>,
+    ) -> Result<Tensor<B, 3>> {
+        Ok(self.logits_from_hidden(self.hidden_states(ids, padding)?))
+    }
+}
+
+impl<B: Backend> CausalLm<B> for Transformer<B> {
+    fn vocab_size(&self) -> usize {
+        self.architecture.vocab_size
+    }
+
+    fn hidden_states(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        padding: Option<Tensor<B, 2, Bool>>,
+    ) -> Result<Tensor<B, 3>> {
+        Transformer::hidden_states(self, ids, padding)
+    }
+
+    fn logits_from_hidden(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        Transformer::logits_from_hidden(self, hidden)
+    }
+}

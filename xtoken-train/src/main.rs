@@ -3,7 +3,9 @@
 mod align;
 mod alloc;
 mod bench;
+mod bench_forward;
 mod bench_loss;
+mod models;
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -45,6 +47,11 @@ enum Command {
     /// Inspect an alignment cache written by `xtoken align --out`.
     #[command(subcommand)]
     Cache(align::CacheCommand),
+    /// Logits of a Hugging Face model directory (Llama, Qwen3, Phi-3) for ids in a safetensors
+    /// file (`input_ids`, optional `attention_mask`), written as `logits` f32 [batch, len, vocab].
+    Logits(models::LogitsArgs),
+    /// Re-save a Hugging Face model directory in f32, bf16 or f16.
+    Convert(models::ConvertArgs),
     /// Benchmarks that print Markdown tables for BENCHMARKS.md.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -67,6 +74,9 @@ enum BenchCommand {
     /// Forward + backward time and peak memory of P-KL and H-KL on CPU (ndarray): the fused,
     /// row-chunked losses against a naive composition of burn tensor ops.
     Loss(bench_loss::LossBenchArgs),
+    /// Forward and forward+backward tokens/s and peak memory of a random Llama-shaped model on
+    /// CPU (ndarray), with and without activation checkpointing.
+    Forward(bench_forward::ForwardBenchArgs),
 }
 
 /// A student and a teacher tokenizer, each a directory with tokenizer.json or the file itself.
@@ -183,6 +193,9 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Projection(args)) => bench::projection(args),
         Command::Bench(BenchCommand::Align(args)) => bench::align(args),
         Command::Bench(BenchCommand::Loss(args)) => bench_loss::run(args),
+        Command::Bench(BenchCommand::Forward(args)) => bench_forward::run(args),
+        Command::Logits(args) => models::logits(args),
+        Command::Convert(args) => models::convert(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,31 @@
+//! How much device memory a backend holds, for benchmarks. Host backends answer `None`: the
+//! binary's counting allocator measures them instead.
+
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+
+pub trait DeviceMemory: Backend {
+    /// Bytes the backend's memory pools hold on `device`. Pools grow to the largest working
+    /// set and keep it, so read after a step this is the step's peak.
+    fn reserved_bytes(_device: &Self::Device) -> Option<u64> {
+        None
+    }
+}
+
+impl DeviceMemory for burn::backend::NdArray<f32> {}
+
+impl<B: DeviceMemory, C: CheckpointStrategy> DeviceMemory for Autodiff<B, C> {
+    fn reserved_bytes(device: &Self::Device) -> Option<u64> {
+        B::reserved_bytes(device)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl DeviceMemory for burn_cuda::Cuda {
+    fn reserved_bytes(device: &Self::Device) -> Option<u64> {
+        use cubecl::Runtime;
+        let client = cubecl::cuda::CudaRuntime::client(device);
+        client.memory_usage().ok().map(|usage| usage.bytes_reserved)
+    }
+}

@@ -1,0 +1,526 @@
+//! The decoder-only transformer the three families share, as small burn modules whose field
+//! names mirror HF's tensor names (`model.layers.3.self_attn.q_proj.weight` ↔
+//! `layers[3].self_attn.q_proj.weight`). Family differences are switches on [`Architecture`].
+//!
+//! Linear weights are stored contiguous in burn's `[in, out]` layout (transposed once while
+//! loading and back while saving): a transposed view would be copied on every matmul by
+//! burn-ndarray.
+
+use burn::module::{Module, Param};
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::tensor::backend::Backend;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{activation::silu, Bool, DType, ElementConversion, Int, Tensor, TensorData};
+
+use crate::config::Architecture;
+use crate::error::{ModelError, Result};
+use crate::rope::{self, RopeTables};
+
+/// How a tensor starts when it is not read from a checkpoint.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Init {
+    Normal(f32),
+    Ones,
+    Zeros,
+}
+
+/// Where a model's tensors come from: a checkpoint or a seeded random initialisation. Values
+/// are f32, row-major in HF's shape.
+pub(crate) trait TensorSource {
+    fn values(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Vec<f32>>;
+}
+
+/// Turns HF-named values into burn parameters of the requested dtype on one device.
+pub(crate) struct Builder<'a, B: Backend, S: TensorSource> {
+    pub source: &'a mut S,
+    pub device: B::Device,
+    pub dtype: DType,
+    pub init_std: f32,
+}
+
+impl<B: Backend, S: TensorSource> Builder<'_, B, S> {
+    pub(crate) fn tensor<const D: usize>(
+        &self,
+        values: Vec<f32>,
+        shape: [usize; D],
+    ) -> Tensor<B, D> {
+        Tensor::from_data(TensorData::new(values, shape), (&self.device, self.dtype))
+    }
+
+    fn vector(&mut self, name: &str, len: usize, init: Init) -> Result<Param<Tensor<B, 1>>> {
+        let values = self.source.values(name, &[len], init)?;
+        Ok(Param::from_tensor(self.tensor(values, [len])))
+    }
+
+    fn linear(&mut self, prefix: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear<B>> {
+        let init = Init::Normal(self.init_std);
+        let hf = self
+            .source
+            .values(&format!("{prefix}.weight"), &[d_out, d_in], init)?;
+        let weight = Param::from_tensor(self.tensor(transpose(&hf, d_out, d_in), [d_in, d_out]));
+        let bias = if bias {
+            Some(self.vector(&format!("{prefix}.bias"), d_out, Init::Zeros)?)
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    fn norm(&mut self, name: &str, len: usize, epsilon: f64) -> Result<RmsNorm<B>> {
+        Ok(RmsNorm {
+            gamma: self.vector(&format!("{name}.weight"), len, Init::Ones)?,
+            epsilon,
+        })
+    }
+}
+
+/// Row-major `[rows, cols]` → `[cols, rows]`, in cache-sized blocks, on all cores (loading a
+/// multi-GB checkpoint is mostly this and the dtype conversion).
+pub(crate) fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    const BLOCK: usize = 32;
+    let mut out = vec![0.0; values.len()];
+    if rows == 0 || cols == 0 {
+        return out;
+    }
+    out.par_chunks_mut(BLOCK * rows)
+        .enumerate()
+        .for_each(|(block, out_rows)| {
+            let c0 = block * BLOCK;
+            let c1 = (c0 + BLOCK).min(cols);
+            for r0 in (0..rows).step_by(BLOCK) {
+                for r in r0..(r0 + BLOCK).min(rows) {
+                    for c in c0..c1 {
+                        out_rows[(c - c0) * rows + r] = values[r * cols + c];
+                    }
+                }
+            }
+        });
+    out
+}
+
+#[derive(Module, Debug)]
+pub struct Attention<B: Backend> {
+    pub q_proj: Option<Linear<B>>,
+    pub k_proj: Option<Linear<B>>,
+    pub v_proj: Option<Linear<B>>,
+    /// Phi-3: q, k and v in one projection, in that order.
+    pub qkv_proj: Option<Linear<B>>,
+    pub o_proj: Linear<B>,
+    /// Qwen3: RMSNorm over each head's channels, before RoPE.
+    pub q_norm: Option<RmsNorm<B>>,
+    pub k_norm: Option<RmsNorm<B>>,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl<B: Backend> Attention<B> {
+    fn build<S: TensorSource>(
+        b: &mut Builder<B, S>,
+        prefix: &str,
+        arch: &Architecture,
+    ) -> Result<Self> {
+        let hidden = arch.hidden_size;
+        let q_width = arch.num_attention_heads * arch.head_dim;
+        let kv_width = arch.num_key_value_heads * arch.head_dim;
+        let bias = arch.attention_bias;
+        let (q_proj, k_proj, v_proj, qkv_proj) = if arch.fused_projections {
+            let fused = b.linear(
+                &format!("{prefix}.qkv_proj"),
+                hidden,
+                q_width + 2 * kv_width,
+                bias,
+            )?;
+            (None, None, None, Some(fused))
+        } else {
+            (
+                Some(b.linear(&format!("{prefix}.q_proj"), hidden, q_width, bias)?),
+                Some(b.linear(&format!("{prefix}.k_proj"), hidden, kv_width, bias)?),
+                Some(b.linear(&format!("{prefix}.v_proj"), hidden, kv_width, bias)?),
+                None,
+            )
+        };
+        let (q_norm, k_norm) = if arch.qk_norm {
+            let eps = arch.rms_norm_eps;
+            (
+                Some(b.norm(&format!("{prefix}.q_norm"), arch.head_dim, eps)?),
+                Some(b.norm(&format!("{prefix}.k_norm"), arch.head_dim, eps)?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            qkv_proj,
+            o_proj: b.linear(&format!("{prefix}.o_proj"), q_width, hidden, bias)?,
+            q_norm,
+            k_norm,
+            num_heads: arch.num_attention_heads,
+            num_kv_heads: arch.num_key_value_heads,
+            head_dim: arch.head_dim,
+        })
+    }
+
+    fn project(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 3>) {
+        let q_width = self.num_heads * self.head_dim;
+        let kv_width = self.num_kv_heads * self.head_dim;
+        match (&self.qkv_proj, &self.q_proj, &self.k_proj, &self.v_proj) {
+            (Some(fused), ..) => {
+                let qkv = fused.forward(x);
+                (
+                    qkv.clone().narrow(2, 0, q_width),
+                    qkv.clone().narrow(2, q_width, kv_width),
+                    qkv.narrow(2, q_width + kv_width, kv_width),
+                )
+            }
+            (None, Some(q), Some(k), Some(v)) => {
+                (q.forward(x.clone()), k.forward(x.clone()), v.forward(x))
+            }
+            _ => unreachable!("Attention is built with either qkv_proj or q/k/v_proj"),
+        }
+    }
+
+    /// `[batch, len, width]` → `[batch, heads, len, head_dim]`, normed per head when asked.
+    fn heads(&self, x: Tensor<B, 3>, heads: usize, norm: Option<&RmsNorm<B>>) -> Tensor<B, 4> {
+        let [batch, len, _] = x.dims();
+        let x = x.reshape([batch, len, heads, self.head_dim]);
+        let x = match norm {
+            Some(norm) => norm.forward(x),
+            None => x,
+        };
+        x.swap_dims(1, 2)
+    }
+
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        tables: &RopeTables<B>,
+        mask: Option<&Tensor<B, 4, Bool>>,
+    ) -> Tensor<B, 3> {
+        let [batch, len, _] = x.dims();
+        let (q, k, v) = self.project(x);
+        let q = rope::apply(self.heads(q, self.num_heads, self.q_norm.as_ref()), tables);
+        let k = rope::apply(
+            self.heads(k, self.num_kv_heads, self.k_norm.as_ref()),
+            tables,
+        );
+        let v = self.heads(v, self.num_kv_heads, None);
+        let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
+        let options = AttentionModuleOptions {
+            scale: None,
+            softcap: None,
+            is_causal: mask.is_none(),
+        };
+        let mask = mask.map(|m| m.clone().expand([batch, self.num_heads, len, len]));
+        let out = attention(q, k, v, mask, None, options);
+        let out = out
+            .swap_dims(1, 2)
+            .reshape([batch, len, self.num_heads * self.head_dim]);
+        self.o_proj.forward(out)
+    }
+
+    /// GQA: each key/value head serves `num_heads / num_kv_heads` consecutive query heads.
+    fn repeat_kv(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let repeat = self.num_heads / self.num_kv_heads;
+        if repeat == 1 {
+            return x;
+        }
+        let [batch, kv_heads, len, head_dim] = x.dims();
+        x.unsqueeze_dim::<5>(2)
+            .expand([batch, kv_heads, repeat, len, head_dim])
+            .reshape([batch, kv_heads * repeat, len, head_dim])
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    pub gate_proj: Option<Linear<B>>,
+    pub up_proj: Option<Linear<B>>,
+    /// Phi-3: gate and up in one projection, gate first.
+    pub gate_up_proj: Option<Linear<B>>,
+    pub down_proj: Linear<B>,
+    pub intermediate_size: usize,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn build<S: TensorSource>(
+        b: &mut Builder<B, S>,
+        prefix: &str,
+        arch: &Architecture,
+    ) -> Result<Self> {
+        let (hidden, inner, bias) = (arch.hidden_size, arch.intermediate_size, arch.mlp_bias);
+        let (gate_proj, up_proj, gate_up_proj) = if arch.fused_projections {
+            let fused = b.linear(&format!("{prefix}.gate_up_proj"), hidden, 2 * inner, bias)?;
+            (None, None, Some(fused))
+        } else {
+            (
+                Some(b.linear(&format!("{prefix}.gate_proj"), hidden, inner, bias)?),
+                Some(b.linear(&format!("{prefix}.up_proj"), hidden, inner, bias)?),
+                None,
+            )
+        };
+        Ok(Mlp {
+            gate_proj,
+            up_proj,
+            gate_up_proj,
+            down_proj: b.linear(&format!("{prefix}.down_proj"), inner, hidden, bias)?,
+            intermediate_size: inner,
+        })
+    }
+
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let (gate, up) = match (&self.gate_up_proj, &self.gate_proj, &self.up_proj) {
+            (Some(fused), ..) => {
+                let both = fused.forward(x);
+                let inner = self.intermediate_size;
+                (
+                    both.clone().narrow(2, 0, inner),
+                    both.narrow(2, inner, inner),
+                )
+            }
+            (None, Some(gate), Some(up)) => (gate.forward(x.clone()), up.forward(x)),
+            _ => unreachable!("Mlp is built with either gate_up_proj or gate/up_proj"),
+        };
+        self.down_proj.forward(silu(gate) * up)
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: Backend> {
+    pub self_attn: Attention<B>,
+    pub mlp: Mlp<B>,
+    pub input_layernorm: RmsNorm<B>,
+    pub post_attention_layernorm: RmsNorm<B>,
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    fn build<S: TensorSource>(
+        b: &mut Builder<B, S>,
+        prefix: &str,
+        arch: &Architecture,
+    ) -> Result<Self> {
+        let (hidden, eps) = (arch.hidden_size, arch.rms_norm_eps);
+        Ok(DecoderLayer {
+            self_attn: Attention::build(b, &format!("{prefix}.self_attn"), arch)?,
+            mlp: Mlp::build(b, &format!("{prefix}.mlp"), arch)?,
+            input_layernorm: b.norm(&format!("{prefix}.input_layernorm"), hidden, eps)?,
+            post_attention_layernorm: b.norm(
+                &format!("{prefix}.post_attention_layernorm"),
+                hidden,
+                eps,
+            )?,
+        })
+    }
+
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        tables: &RopeTables<B>,
+        mask: Option<&Tensor<B, 4, Bool>>,
+    ) -> Tensor<B, 3> {
+        let x = x.clone()
+            + self
+                .self_attn
+                .forward(self.input_layernorm.forward(x), tables, mask);
+        x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
+    }
+}
+
+/// A Llama, Qwen3 or Phi-3 causal language model.
+#[derive(Module, Debug)]
+pub struct Transformer<B: Backend> {
+    pub embed_tokens: Embedding<B>,
+    pub layers: Vec<DecoderLayer<B>>,
+    pub norm: RmsNorm<B>,
+    /// `None` when the head is tied to `embed_tokens`.
+    pub lm_head: Option<Linear<B>>,
+    #[module(skip)]
+    pub architecture: Architecture,
+    /// The `config.json` the model was loaded from, written back (with every field we do not
+    /// interpret) when it is saved.
+    #[module(skip)]
+    pub hf_config: Option<serde_json::Value>,
+}
+
+impl<B: Backend> Transformer<B> {
+    pub(crate) fn build<S: TensorSource>(
+        b: &mut Builder<B, S>,
+        arch: &Architecture,
+    ) -> Result<Self> {
+        let (vocab, hidden) = (arch.vocab_size, arch.hidden_size);
+        let embedding = b.source.values(
+            "model.embed_tokens.weight",
+            &[vocab, hidden],
+            Init::Normal(b.init_std),
+        )?;
+        let embed_tokens = Embedding {
+            weight: Param::from_tensor(b.tensor(embedding, [vocab, hidden])),
+        };
+        let layers = (0..arch.num_hidden_layers)
+            .map(|i| DecoderLayer::build(b, &format!("model.layers.{i}"), arch))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = b.norm("model.norm", hidden, arch.rms_norm_eps)?;
+        let lm_head = if arch.tie_word_embeddings {
+            None
+        } else {
+            Some(b.linear("lm_head", hidden, vocab, false)?)
+        };
+        Ok(Transformer {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            architecture: arch.clone(),
+            hf_config: None,
+        })
+    }
+
+    /// The hidden states after the final norm, `[batch, len, hidden]`. `padding` marks padded
+    /// positions with `true`; they are hidden from every query as keys. Positions count from 0
+    /// in every row, so pad on the right.
+    pub fn hidden_states(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        padding: Option<Tensor<B, 2, Bool>>,
+    ) -> Result<Tensor<B, 3>> {
+        let pass = Pass::new(&self.architecture, &ids, padding)?;
+        let mut x = self.embed_tokens.forward(ids);
+        let context = pass.context::<B>(&self.architecture, x.dtype(), &x.device());
+        for layer in &self.layers {
+            x = layer.forward(x, &context.tables, context.mask.as_ref());
+        }
+        Ok(self.norm.forward(x))
+    }
+
+    /// The output head: `[batch, len, hidden]` → logits `[batch, len, vocab]`.
+    pub fn logits_from_hidden(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => hidden.matmul(self.embed_tokens.weight.val().transpose().unsqueeze()),
+        }
+    }
+}
+
+/// What one forward pass needs besides the weights, read once from its inputs: the shape and
+/// which positions are padding.
+pub(crate) struct Pass {
+    pub batch: usize,
+    pub len: usize,
+    padded: Option<Vec<bool>>,
+}
+
+/// The RoPE tables and attention mask of a pass, on one backend.
+pub(crate) struct Context<B: Backend> {
+    pub tables: RopeTables<B>,
+    pub mask: Option<Tensor<B, 4, Bool>>,
+}
+
+impl Pass {
+    /// Checks the ids against the vocabulary (an out-of-range id would index past the
+    /// embedding) and the padding mask against the ids' shape.
+    pub fn new<B: Backend>(
+        architecture: &Architecture,
+        ids: &Tensor<B, 2, Int>,
+        padding: Option<Tensor<B, 2, Bool>>,
+    ) -> Result<Self> {
+        let [batch, len] = ids.dims();
+        let vocab = architecture.vocab_size;
+        if batch * len > 0 {
+            let low: i64 = ids.clone().min().into_scalar().elem();
+            let high: i64 = ids.clone().max().into_scalar().elem();
+            if low < 0 || high >= vocab as i64 {
+                let values = ids
+                    .clone()
+                    .into_data()
+                    .convert::<i64>()
+                    .into_vec::<i64>()
+                    .unwrap_or_default();
+                let at = values
+                    .iter()
+                    .position(|&id| id < 0 || id >= vocab as i64)
+                    .unwrap_or(0);
+                return Err(ModelError::TokenId {
+                    sequence: at / len,
+                    position: at % len,
+                    id: values
+                        .get(at)
+                        .copied()
+                        .unwrap_or(if low < 0 { low } else { high }),
+                    vocab,
+                });
+            }
+        }
+        let padded = match padding {
+            None => None,
+            Some(padding) if padding.dims() != [batch, len] => {
+                return Err(ModelError::Shape {
+                    what: "padding mask",
+                    expected: format!("{:?} like the ids", [batch, len]),
+                    found: format!("{:?}", padding.dims()),
+                })
+            }
+            Some(padding) => {
+                Some(
+                    padding
+                        .into_data()
+                        .into_vec::<bool>()
+                        .map_err(|e| ModelError::Shape {
+                            what: "padding mask",
+                            expected: "boolean values".into(),
+                            found: format!("{e:?}"),
+                        })?,
+                )
+            }
+        };
+        Ok(Pass { batch, len, padded })
+    }
+
+    pub fn context<B: Backend>(
+        &self,
+        architecture: &Architecture,
+        dtype: DType,
+        device: &B::Device,
+    ) -> Context<B> {
+        let tables = architecture.rope.tables::<B>(self.len, device);
+        Context {
+            tables: RopeTables {
+                cos: tables.cos.cast(dtype),
+                sin: tables.sin.cast(dtype),
+            },
+            mask: self.attention_mask(architecture.sliding_window, device),
+        }
+    }
+
+    /// `[batch, 1, len, len]`, `true` where a query may not see a key: the future, padded keys
+    /// and keys beyond the sliding window. `None` when plain causal masking suffices, which
+    /// lets the backend pick its causal (flash) kernel.
+    fn attention_mask<B: Backend>(
+        &self,
+        window: Option<usize>,
+        device: &B::Device,
+    ) -> Option<Tensor<B, 4, Bool>> {
+        let (batch, len) = (self.batch, self.len);
+        let window = window.filter(|&w| w < len);
+        if self.padded.is_none() && window.is_none() {
+            return None;
+        }
+        let mut masked = Vec::with_capacity(batch * len * len);
+        for row in 0..batch {
+            for query in 0..len {
+                for key in 0..len {
+                    let padded = self.padded.as_ref().is_some_and(|p| p[row * len + key]);
+                    let outside_window = window.is_some_and(|w| key + w <= query);
+                    masked.push(key > query || padded || outside_window);
+                }
+            }
+        }
+        Some(Tensor::from_data(
+            TensorData::new(masked, [batch, 1, len, len]),
+            device,
+        ))
+    }
+}

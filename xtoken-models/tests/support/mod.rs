@@ -1,0 +1,97 @@
+//! Reading the parity fixtures that `fixtures/make_parity.py` writes.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::backend::NdArray;
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+use safetensors::{Dtype, SafeTensors};
+use xtoken_models::{CausalLm, Transformer};
+
+type B = NdArray;
+
+pub fn fixture(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/parity")
+        .join(case)
+}
+
+/// One fixture input: ids, optional HF attention mask, HF's logits.
+pub struct Expected {
+    pub name: String,
+    pub ids: TensorData,
+    pub mask: Option<TensorData>,
+    pub logits: TensorData,
+}
+
+fn data(view: &safetensors::tensor::TensorView) -> TensorData {
+    let bytes = view.data();
+    match view.dtype() {
+        Dtype::I64 => TensorData::new(
+            bytes
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+                .collect::<Vec<_>>(),
+            view.shape().to_vec(),
+        ),
+        Dtype::F32 => TensorData::new(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect::<Vec<_>>(),
+            view.shape().to_vec(),
+        ),
+        other => panic!("fixture dtype {other:?}"),
+    }
+}
+
+pub fn expected(case: &str) -> Vec<Expected> {
+    let bytes = std::fs::read(fixture(case).join("parity.safetensors")).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: BTreeMap<String, TensorData> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, data(&view)))
+        .collect();
+    tensors
+        .keys()
+        .filter_map(|k| k.strip_suffix(".input_ids"))
+        .map(|name| Expected {
+            name: name.to_string(),
+            ids: tensors[&format!("{name}.input_ids")].clone(),
+            mask: tensors.get(&format!("{name}.attention_mask")).cloned(),
+            logits: tensors[&format!("{name}.logits")].clone(),
+        })
+        .collect()
+}
+
+/// Max |Δ| between our logits and HF's over every input of `case`, for a loaded `model`.
+pub fn worst_difference(model: &Transformer<B>, case: &str) -> f32 {
+    let device = Default::default();
+    let mut worst = 0.0f32;
+    for input in expected(case) {
+        let ids = Tensor::<B, 2, Int>::from_data(input.ids.clone(), &device);
+        let padding = input
+            .mask
+            .map(|mask| Tensor::<B, 2, Int>::from_data(mask, &device).equal_elem(0));
+        let padding: Option<Tensor<B, 2, Bool>> = padding;
+        let logits = model.forward(ids, padding).unwrap();
+        assert_eq!(
+            logits.dims().to_vec(),
+            input.logits.shape.to_vec(),
+            "{case}/{}",
+            input.name
+        );
+        let ours = logits.into_data().into_vec::<f32>().unwrap();
+        let theirs = input.logits.into_vec::<f32>().unwrap();
+        let diff = ours
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        eprintln!("{case}/{}: max |Δ| = {diff:.2e}", input.name);
+        worst = worst.max(diff);
+    }
+    worst
+}

@@ -1,0 +1,232 @@
+//! `xtoken bench forward`: tokens/s and peak memory of a random Llama-shaped model: inference
+//! forward, and a training step (forward + backward of next-token cross-entropy) with and
+//! without activation checkpointing per decoder layer. On CPU (ndarray) the peak is the heap the
+//! counting allocator saw above the weights; on CUDA (`--features cuda`, `--device cuda`) it is
+//! the memory the device pools reserved, weights included.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use burn::backend::{Autodiff, NdArray};
+use burn::module::AutodiffModule;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
+use clap::{Args, ValueEnum};
+use xtoken_kernels::memory::DeviceMemory;
+use xtoken_models::rope::RopeScaling;
+use xtoken_models::{Architecture, CausalLm, ModelError, Transformer};
+
+use crate::alloc;
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Preset {
+    /// ~100M parameters: vocab 32,000, hidden 768, 12 layers, 12 heads (4 KV), MLP 2048, tied.
+    Llama100m,
+    /// Llama-3.2-1B's shape: vocab 128,256, hidden 2048, 16 layers, 32 heads (8 KV), MLP 8192.
+    Llama1b,
+}
+
+impl Preset {
+    fn architecture(self) -> Architecture {
+        match self {
+            Preset::Llama100m => Architecture::llama(32_000, 768, 2048, 12, 12, 4),
+            Preset::Llama1b => {
+                let mut arch = Architecture::llama(128_256, 2048, 8192, 16, 32, 8);
+                arch.rope.scaling = RopeScaling::Llama3 {
+                    factor: 32.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: 8192,
+                };
+                arch
+            }
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Preset::Llama100m => "Llama-shaped 100M",
+            Preset::Llama1b => "Llama-3.2-1B-shaped",
+        }
+    }
+}
+
+/// Options of `xtoken bench forward`.
+#[derive(Args)]
+pub struct ForwardBenchArgs {
+    #[arg(long, value_enum, default_value_t = Preset::Llama100m)]
+    preset: Preset,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 512)]
+    len: usize,
+    /// Timed steps per pass (after one untimed warm-up step).
+    #[arg(long, default_value_t = 2)]
+    steps: usize,
+    /// Where to run: `ndarray` (CPU), or `cuda` in a build with `--features cuda`.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Ndarray)]
+    device: DeviceArg,
+    /// Parameter dtype (`bf16` needs a backend that has it: CUDA).
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    dtype: DtypeArg,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    Ndarray,
+    Cuda,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum DtypeArg {
+    F32,
+    Bf16,
+}
+
+struct Row {
+    pass: &'static str,
+    seconds: f64,
+    peak: usize,
+}
+
+pub fn run(args: ForwardBenchArgs) -> Result<()> {
+    if args.batch == 0 || args.len < 2 || args.steps == 0 {
+        bail!("--batch and --steps must be positive and --len at least 2");
+    }
+    match args.device {
+        DeviceArg::Ndarray => run_on::<NdArray>(&args, &Default::default(), "CPU (ndarray)"),
+        #[cfg(feature = "cuda")]
+        DeviceArg::Cuda => run_on::<burn::backend::Cuda>(&args, &Default::default(), "CUDA"),
+        #[cfg(not(feature = "cuda"))]
+        DeviceArg::Cuda => {
+            bail!("this xtoken was built without CUDA; rebuild with --features cuda")
+        }
+    }
+}
+
+fn run_on<B: DeviceMemory>(args: &ForwardBenchArgs, device: &B::Device, place: &str) -> Result<()> {
+    let architecture = args.preset.architecture();
+    let dtype = match args.dtype {
+        DtypeArg::F32 => DType::F32,
+        DtypeArg::Bf16 => DType::BF16,
+    };
+    let model = Transformer::<Autodiff<B>>::random(&architecture, 0, dtype, device)?;
+    let inference = model.valid();
+    let tokens = args.batch * args.len;
+    let ids: Vec<i64> = (0..tokens)
+        .map(|i| ((i as u64 * 2_654_435_761) % architecture.vocab_size as u64) as i64)
+        .collect();
+    let ids = TensorData::new(ids, [args.batch, args.len]);
+    eprintln!(
+        "{}: {} parameters, {} × {} tokens, {} timed steps per pass",
+        args.preset.name(),
+        architecture.num_parameters(),
+        args.batch,
+        args.len,
+        args.steps
+    );
+
+    let mut rows = Vec::new();
+    rows.push(measure::<B>(
+        device,
+        "forward (inference)",
+        args.steps,
+        || {
+            let ids = Tensor::<B, 2, Int>::from_data(ids.clone(), device);
+            let logits = inference.forward(ids, None)?;
+            let _ = logits.sum().into_data();
+            Ok(())
+        },
+    )?);
+    for (pass, checkpointing) in [
+        ("forward + backward", false),
+        ("forward + backward, checkpointing", true),
+    ] {
+        rows.push(measure::<B>(device, pass, args.steps, || {
+            let ids = Tensor::<Autodiff<B>, 2, Int>::from_data(ids.clone(), device);
+            let backward =
+                model.forward_backward(ids.clone(), None, checkpointing, |model, hidden| {
+                    next_token_loss(model, hidden, ids.clone())
+                })?;
+            let _ = backward.loss.into_data();
+            Ok(())
+        })?);
+    }
+
+    let memory = if B::reserved_bytes(device).is_some() {
+        "device memory reserved"
+    } else {
+        "peak heap above weights"
+    };
+    println!("| model | parameters | device, dtype | tokens/step | pass | s/step | tokens/s | {memory} |");
+    println!("|---|---:|---|---:|---|---:|---:|---:|");
+    for row in rows {
+        println!(
+            "| {} | {:.0}M | {place}, {} | {} × {} | {} | {:.2} | {:.0} | {:.0} MiB |",
+            args.preset.name(),
+            architecture.num_parameters() as f64 / 1e6,
+            dtype_name(dtype),
+            args.batch,
+            args.len,
+            row.pass,
+            row.seconds,
+            tokens as f64 / row.seconds,
+            row.peak as f64 / (1024.0 * 1024.0)
+        );
+    }
+    Ok(())
+}
+
+fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "bf16",
+        _ => "f32",
+    }
+}
+
+/// Mean next-token cross-entropy of the logits (in f32); the gradient flows through the whole
+/// model.
+fn next_token_loss<B: Backend>(
+    model: &Transformer<Autodiff<B>>,
+    hidden: Tensor<Autodiff<B>, 3>,
+    ids: Tensor<Autodiff<B>, 2, Int>,
+) -> Result<Tensor<Autodiff<B>, 1>, ModelError> {
+    let [batch, len, _] = hidden.dims();
+    let logits = model
+        .logits_from_hidden(hidden.narrow(1, 0, len - 1))
+        .cast(FloatDType::F32);
+    let targets = ids.narrow(1, 1, len - 1).unsqueeze_dim::<3>(2);
+    let picked = log_softmax(logits, 2).gather(2, targets);
+    Ok(picked.sum().neg() / (batch * (len - 1)) as f64)
+}
+
+fn measure<B: DeviceMemory>(
+    device: &B::Device,
+    pass: &'static str,
+    steps: usize,
+    mut step: impl FnMut() -> Result<()>,
+) -> Result<Row> {
+    // Device pools keep what an earlier pass reserved; return it so each pass shows its own.
+    B::memory_cleanup(device);
+    step()?;
+    let base = alloc::current();
+    alloc::reset_peak();
+    let start = Instant::now();
+    for _ in 0..steps {
+        step()?;
+    }
+    let seconds = start.elapsed().as_secs_f64() / steps as f64;
+    let peak = match B::reserved_bytes(device) {
+        Some(reserved) => reserved as usize,
+        None => alloc::peak().saturating_sub(base),
+    };
+    eprintln!("{pass}: {seconds:.2} s/step");
+    Ok(Row {
+        pass,
+        seconds,
+        peak,
+    })
+}

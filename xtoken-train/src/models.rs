@@ -1,0 +1,190 @@
+//! `xtoken logits` and `xtoken convert`: a Hugging Face model directory run or re-saved.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use burn::backend::NdArray;
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+use clap::{Args, ValueEnum};
+use safetensors::{Dtype, SafeTensors};
+use xtoken_models::{CausalLm, SaveDtype, Transformer};
+
+type B = NdArray;
+
+/// Options of `xtoken logits`.
+#[derive(Args)]
+pub struct LogitsArgs {
+    /// A Hugging Face model directory: config.json and model.safetensors (or sharded + index).
+    #[arg(long)]
+    model: PathBuf,
+    /// safetensors file with `input_ids` (i64 or i32, [batch, len]) and optionally
+    /// `attention_mask` ([batch, len], 1 = token, 0 = right padding).
+    #[arg(long)]
+    input: PathBuf,
+    /// Where to write `logits` (f32, [batch, len, vocab]).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Options of `xtoken convert`.
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// The Hugging Face model directory to read.
+    #[arg(long)]
+    model: PathBuf,
+    /// The directory to write: config.json, model.safetensors, and the source's other files
+    /// (tokenizer, generation config) copied.
+    #[arg(long)]
+    out: PathBuf,
+    /// Element type of the written weights.
+    #[arg(long, value_enum, default_value_t = DtypeArg::Bf16)]
+    dtype: DtypeArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum DtypeArg {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl From<DtypeArg> for SaveDtype {
+    fn from(value: DtypeArg) -> Self {
+        match value {
+            DtypeArg::F32 => SaveDtype::F32,
+            DtypeArg::Bf16 => SaveDtype::BF16,
+            DtypeArg::F16 => SaveDtype::F16,
+        }
+    }
+}
+
+fn integers(path: &Path, file: &SafeTensors, name: &str) -> Result<Option<TensorData>> {
+    let view = match file.tensor(name) {
+        Ok(view) => view,
+        Err(_) => return Ok(None),
+    };
+    if view.shape().len() != 2 {
+        bail!(
+            "{}: `{name}` has shape {:?}; expected [batch, len]",
+            path.display(),
+            view.shape()
+        );
+    }
+    let bytes = view.data();
+    let values: Vec<i64> = match view.dtype() {
+        Dtype::I64 => bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("chunk of 8")))
+            .collect(),
+        Dtype::I32 => bytes
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().expect("chunk of 4")) as i64)
+            .collect(),
+        other => bail!(
+            "{}: `{name}` has dtype {other:?}; expected I64 or I32",
+            path.display()
+        ),
+    };
+    Ok(Some(TensorData::new(values, view.shape().to_vec())))
+}
+
+pub fn logits(args: LogitsArgs) -> Result<()> {
+    let bytes =
+        std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
+    let file = SafeTensors::deserialize(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: not a safetensors file: {e}", args.input.display()))?;
+    let ids = integers(&args.input, &file, "input_ids")?
+        .with_context(|| format!("{}: no tensor named `input_ids`", args.input.display()))?;
+    let mask = integers(&args.input, &file, "attention_mask")?;
+
+    let start = Instant::now();
+    let device = Default::default();
+    eprintln!("loading {} …", args.model.display());
+    let model = Transformer::<B>::load(&args.model, &device)?;
+    eprintln!(
+        "loaded {} ({} parameters) in {:.1} s",
+        args.model.display(),
+        model.architecture.num_parameters(),
+        start.elapsed().as_secs_f64()
+    );
+    let ids = Tensor::<B, 2, Int>::from_data(ids, &device);
+    let padding: Option<Tensor<B, 2, Bool>> = match mask {
+        Some(mask) => {
+            let mask = Tensor::<B, 2, Int>::from_data(mask, &device);
+            if mask.dims() != ids.dims() {
+                bail!(
+                    "{}: attention_mask has shape {:?}, input_ids {:?}",
+                    args.input.display(),
+                    mask.dims(),
+                    ids.dims()
+                );
+            }
+            Some(mask.equal_elem(0))
+        }
+        None => None,
+    };
+    let start = Instant::now();
+    let logits = model.forward(ids, padding)?;
+    let shape = logits.dims();
+    let values = logits
+        .into_data()
+        .into_vec::<f32>()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let tokens = shape[0] * shape[1];
+    eprintln!(
+        "{tokens} tokens in {:.2} s ({:.0} tokens/s)",
+        start.elapsed().as_secs_f64(),
+        tokens as f64 / start.elapsed().as_secs_f64()
+    );
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view = safetensors::tensor::TensorView::new(Dtype::F32, shape.to_vec(), &bytes)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    safetensors::serialize_to_file(
+        [("logits", view)],
+        Some(HashMap::from([("format".to_string(), "pt".to_string())])),
+        &args.out,
+    )
+    .with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!("wrote logits {shape:?} to {}", args.out.display());
+    Ok(())
+}
+
+pub fn convert(args: ConvertArgs) -> Result<()> {
+    if args.out == args.model {
+        bail!("--out must differ from --model (the weights are read while writing)");
+    }
+    let start = Instant::now();
+    eprintln!("loading {} …", args.model.display());
+    let model = Transformer::<B>::load(&args.model, &Default::default())?;
+    model.save(&args.out, args.dtype.into())?;
+    let mut copied = Vec::new();
+    for entry in std::fs::read_dir(&args.model)
+        .with_context(|| format!("listing {}", args.model.display()))?
+    {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        if path.is_file() && name != "config.json" && !name.starts_with("model") {
+            std::fs::copy(&path, args.out.join(&name))
+                .with_context(|| format!("copying {}", path.display()))?;
+            copied.push(name);
+        }
+    }
+    eprintln!(
+        "wrote {} as {} in {:.1} s{}",
+        args.out.display(),
+        SaveDtype::from(args.dtype).torch_name(),
+        start.elapsed().as_secs_f64(),
+        if copied.is_empty() {
+            String::new()
+        } else {
+            format!("; copied {}", copied.join(", "))
+        }
+    );
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! `xtoken logits` and `xtoken convert` on the HF parity fixtures of xtoken-models.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+fn xtoken(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xtoken"))
+        .args(args)
+        .output()
+        .expect("run xtoken")
+}
+
+fn logits_command(model: &Path, input: &Path, out: &Path) -> Output {
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let (model, input, out) = (path(model), path(input), path(out));
+    xtoken(&[
+        "logits", "--model", &model, "--input", &input, "--out", &out,
+    ])
+}
+
+fn fixture(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../xtoken-models/tests/fixtures/parity")
+        .join(case)
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("xtoken-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// Writes the fixture's `<input>.input_ids` / `.attention_mask` as an `xtoken logits` input and
+/// returns HF's logits for it.
+fn input_file(case: &str, input: &str, path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(fixture(case).join("parity.safetensors")).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: HashMap<String, TensorView> = HashMap::new();
+    for (name, key) in [
+        ("input_ids", "input_ids"),
+        ("attention_mask", "attention_mask"),
+    ] {
+        if let Ok(view) = file.tensor(&format!("{input}.{key}")) {
+            tensors.insert(name.into(), view);
+        }
+    }
+    safetensors::serialize_to_file(tensors, None, path).unwrap();
+    f32s(file.tensor(&format!("{input}.logits")).unwrap().data())
+}
+
+fn read_logits(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let view = file.tensor("logits").unwrap();
+    assert_eq!(view.dtype(), Dtype::F32);
+    (view.shape().to_vec(), f32s(view.data()))
+}
+
+fn max_difference(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn logits_match_hf_with_padding() {
+    let dir = scratch("logits");
+    let input = dir.join("ids.safetensors");
+    let out = dir.join("logits.safetensors");
+    let expected = input_file("qwen3", "padded", &input);
+    let model = fixture("qwen3");
+    let run = logits_command(&model, &input, &out);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (shape, logits) = read_logits(&out);
+    assert_eq!(shape, vec![2, 24, 128]);
+    assert!(max_difference(&logits, &expected) <= 1e-4);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn convert_to_bf16_then_logits_stay_close() {
+    let dir = scratch("convert");
+    let converted = dir.join("phi3-bf16");
+    let model = fixture("phi3");
+    let run = xtoken(&[
+        "convert",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        converted.to_str().unwrap(),
+        "--dtype",
+        "bf16",
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let config = std::fs::read_to_string(converted.join("config.json")).unwrap();
+    assert!(config.contains("\"torch_dtype\": \"bfloat16\""), "{config}");
+    let weights = std::fs::read(converted.join("model.safetensors")).unwrap();
+    let file = SafeTensors::deserialize(&weights).unwrap();
+    assert!(file.tensors().iter().all(|(_, v)| v.dtype() == Dtype::BF16));
+    // The fixture's parity file is not a model file, so it is copied along.
+    assert!(converted.join("parity.safetensors").exists());
+
+    let input = dir.join("ids.safetensors");
+    let out = dir.join("logits.safetensors");
+    let expected = input_file("phi3", "long", &input);
+    let run = logits_command(&converted, &input, &out);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let worst = max_difference(&read_logits(&out).1, &expected);
+    assert!(
+        worst > 0.0 && worst < 0.2,
+        "bf16 moved the logits by {worst}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn logits_errors_name_the_token_the_tensor_and_the_file() {
+    let dir = scratch("errors");
+    let input = dir.join("ids.safetensors");
+    let out = dir.join("logits.safetensors");
+    let model = fixture("llama3");
+    let run_with = |ids: &[i64]| {
+        let bytes: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let view = TensorView::new(Dtype::I64, vec![1, ids.len()], &bytes).unwrap();
+        safetensors::serialize_to_file([("input_ids", view)], None, &input).unwrap();
+        logits_command(&model, &input, &out)
+    };
+    let run = run_with(&[5, 6, 128, 7]);
+    assert!(!run.status.success());
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        err.contains("token 128 at sequence 0, position 2") && err.contains("128"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    let view = TensorView::new(Dtype::I64, vec![1, 1], &[0u8; 8]).unwrap();
+    safetensors::serialize_to_file([("ids", view)], None, &input).unwrap();
+    let run = logits_command(&model, &input, &out);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && err.contains("input_ids"), "{err}");
+
+    let view = TensorView::new(Dtype::I64, vec![1, 1], &[0u8; 8]).unwrap();
+    safetensors::serialize_to_file([("input_ids", view)], None, &input).unwrap();
+    let run = xtoken(&[
+        "logits",
+        "--model",
+        "/no/such/model",
+        "--input",
+        input.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        !run.status.success() && err.contains("/no/such/model/config.json"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
