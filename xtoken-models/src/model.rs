@@ -420,39 +420,44 @@ pub(crate) struct Context<B: Backend> {
 }
 
 impl Pass {
-    /// Checks the ids against the vocabulary (an out-of-range id would index past the
-    /// embedding) and the padding mask against the ids' shape.
+    /// Checks that there are ids, that they are in the vocabulary (an out-of-range id would
+    /// index past the embedding), and that the padding mask has the ids' shape.
     pub fn new<B: Backend>(
         architecture: &Architecture,
         ids: &Tensor<B, 2, Int>,
         padding: Option<Tensor<B, 2, Bool>>,
     ) -> Result<Self> {
         let [batch, len] = ids.dims();
+        if batch == 0 || len == 0 {
+            return Err(ModelError::Shape {
+                what: "input ids",
+                expected: "at least one sequence of at least one token".into(),
+                found: format!("{:?}", [batch, len]),
+            });
+        }
         let vocab = architecture.vocab_size;
-        if batch * len > 0 {
-            let low: i64 = ids.clone().min().into_scalar().elem();
-            let high: i64 = ids.clone().max().into_scalar().elem();
-            if low < 0 || high >= vocab as i64 {
-                let values = ids
-                    .clone()
-                    .into_data()
-                    .convert::<i64>()
-                    .into_vec::<i64>()
-                    .unwrap_or_default();
-                let at = values
-                    .iter()
-                    .position(|&id| id < 0 || id >= vocab as i64)
-                    .unwrap_or(0);
-                return Err(ModelError::TokenId {
-                    sequence: at / len,
-                    position: at % len,
-                    id: values
-                        .get(at)
-                        .copied()
-                        .unwrap_or(if low < 0 { low } else { high }),
-                    vocab,
-                });
-            }
+        let low: i64 = ids.clone().min().into_scalar().elem();
+        let high: i64 = ids.clone().max().into_scalar().elem();
+        if low < 0 || high >= vocab as i64 {
+            let values = ids
+                .clone()
+                .into_data()
+                .convert::<i64>()
+                .into_vec::<i64>()
+                .unwrap_or_default();
+            let at = values
+                .iter()
+                .position(|&id| id < 0 || id >= vocab as i64)
+                .unwrap_or(0);
+            return Err(ModelError::TokenId {
+                sequence: at / len,
+                position: at % len,
+                id: values
+                    .get(at)
+                    .copied()
+                    .unwrap_or(if low < 0 { low } else { high }),
+                vocab,
+            });
         }
         let padded = match padding {
             None => None,

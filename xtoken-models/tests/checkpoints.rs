@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::backend::NdArray;
-use burn::tensor::{DType, Int, Tensor};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use safetensors::SafeTensors;
 use support::{fixture, worst_difference};
 use xtoken_models::{CausalLm, HfConfig, LoadOptions, ModelError, SaveDtype, Transformer};
@@ -287,4 +287,13 @@ fn padding_mask_of_the_wrong_shape_is_refused() {
     let padding = Tensor::<B, 2, Int>::from_ints([[0, 0]], &device).equal_elem(1);
     let e = model.forward(ids, Some(padding)).unwrap_err();
     assert_names(&e, &["padding mask", "[1, 3]", "[1, 2]"]);
+    let empty = Tensor::<B, 2, Int>::from_data(TensorData::new(Vec::<i64>::new(), [1, 0]), &device);
+    let e = model.forward(empty, None).unwrap_err();
+    assert_names(&e, &["input ids", "at least one token", "[1, 0]"]);
+    let negative = Tensor::<B, 2, Int>::from_ints([[1, 2], [3, -4]], &device);
+    let e = model.forward(negative, None).unwrap_err();
+    assert_names(
+        &e,
+        &["token -4 at sequence 1, position 1", "vocabulary of 128"],
+    );
 }
