@@ -190,6 +190,11 @@ impl Architecture {
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.attention_bias,
+            // Unknown without a tokenizer; HF's class defaults (Phi-3's pad 32000) may not even
+            // fit the vocabulary.
+            "bos_token_id": null,
+            "eos_token_id": null,
+            "pad_token_id": null,
         });
         let fields = json.as_object_mut().expect("built as an object");
         let scaling = match &self.rope.scaling {
