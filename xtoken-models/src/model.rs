@@ -468,18 +468,22 @@ impl Pass {
                     found: format!("{:?}", padding.dims()),
                 })
             }
-            Some(padding) => {
-                Some(
-                    padding
-                        .into_data()
-                        .into_vec::<bool>()
-                        .map_err(|e| ModelError::Shape {
-                            what: "padding mask",
-                            expected: "boolean values".into(),
-                            found: format!("{e:?}"),
-                        })?,
-                )
-            }
+            // Bool storage differs per backend (u8 on ndarray, u32 on wgpu): read integers.
+            Some(padding) => Some(
+                padding
+                    .int()
+                    .into_data()
+                    .convert::<i64>()
+                    .into_vec::<i64>()
+                    .map_err(|e| ModelError::Shape {
+                        what: "padding mask",
+                        expected: "boolean values".into(),
+                        found: format!("{e:?}"),
+                    })?
+                    .into_iter()
+                    .map(|v| v != 0)
+                    .collect(),
+            ),
         };
         Ok(Pass { batch, len, padded })
     }

@@ -1,0 +1,67 @@
+//! The models on a cubecl backend: burn's wgpu (Mesa lavapipe on CPU in CI), where the attention
+//! takes burn's causal kernel path and half-precision parameters exist. Run with
+//! `--features wgpu`.
+#![cfg(feature = "wgpu")]
+
+mod support;
+
+use burn::backend::Wgpu;
+use burn::tensor::{Bool, DType, Int, Tensor};
+use support::{expected, fixture};
+use xtoken_models::{CausalLm, LoadOptions, Transformer};
+
+type B = Wgpu;
+
+/// Max |Δ| against HF's logits over every input of `case`, with parameters in `dtype`.
+fn worst(case: &str, dtype: DType) -> f32 {
+    let device = Default::default();
+    let model =
+        Transformer::<B>::load_with(&fixture(case), LoadOptions { dtype }, &device).unwrap();
+    let mut worst = 0.0f32;
+    for input in expected(case) {
+        let ids = Tensor::<B, 2, Int>::from_data(input.ids.clone(), &device);
+        let padding: Option<Tensor<B, 2, Bool>> = input
+            .mask
+            .map(|mask| Tensor::<B, 2, Int>::from_data(mask, &device).equal_elem(0));
+        let logits = model.forward(ids, padding).unwrap();
+        let ours = logits
+            .cast(DType::F32)
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .unwrap();
+        let theirs = input.logits.into_vec::<f32>().unwrap();
+        let diff = ours
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        eprintln!("wgpu {dtype:?} {case}/{}: max |Δ| = {diff:.2e}", input.name);
+        worst = worst.max(diff);
+    }
+    worst
+}
+
+#[test]
+fn f32_parity_on_wgpu() {
+    for case in [
+        "llama3",
+        "llama3-tied-bf16",
+        "qwen3",
+        "qwen3-sharded",
+        "phi3",
+    ] {
+        let worst = worst(case, DType::F32);
+        assert!(worst <= 1e-4, "{case}: max |Δ| {worst:.2e}");
+    }
+}
+
+#[test]
+fn f16_parameters_on_wgpu_stay_close() {
+    for case in ["llama3", "qwen3", "phi3"] {
+        let worst = worst(case, DType::F16);
+        // f16 keeps 11 significant bits through two layers: logits of magnitude ~3 move by
+        // about 1e-2.
+        assert!(worst > 0.0 && worst <= 0.1, "{case}: max |Δ| {worst:.2e}");
+    }
+}
