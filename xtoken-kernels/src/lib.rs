@@ -91,6 +91,14 @@ pub trait XTokenBackend: Backend {
     }
 }
 
+/// The GPU backends run the portable path (row chunks through host memory) until the cubecl
+/// kernels replace it; this keeps the losses usable, and tested, on them meanwhile.
+#[cfg(feature = "wgpu")]
+impl XTokenBackend for burn_wgpu::Wgpu {}
+
+#[cfg(feature = "cuda")]
+impl XTokenBackend for burn_cuda::Cuda {}
+
 /// ndarray's f32 logits are already host memory: the kernels read them in place, without the
 /// row copies of the portable path.
 impl<E, I, Q> XTokenBackend for burn::backend::NdArray<E, I, Q>

@@ -1,0 +1,164 @@
+//! The losses' backend operations on burn's wgpu backend (Mesa lavapipe on CPU in CI) give what
+//! they give on ndarray: teacher entries, loss values and gradients for all four objectives, and
+//! the gradient through `Autodiff<Wgpu>`. Run with `--features wgpu`.
+#![cfg(feature = "wgpu")]
+
+mod support;
+
+use burn::backend::{Autodiff, NdArray};
+use burn::tensor::{Tensor, TensorPrimitive};
+use burn_wgpu::Wgpu;
+use support::{floats, ints, logits, merge, objectives, projection, teacher_spec};
+use xtoken_kernels::{GradRequest, LossSpec, Objective, TeacherSpec, XTokenBackend};
+
+/// Everything the two operations return on one backend, as host values.
+fn outcomes<B: XTokenBackend>() -> Vec<Vec<f64>> {
+    let device = Default::default();
+    let (vs, vt) = (support::STUDENT_VOCAB, support::TEACHER_VOCAB);
+    let teacher = logits::<B>(1, [2, 6, vt], &device);
+    let student = logits::<B>(2, [2, 6, vs], &device);
+    let spec = teacher_spec();
+    let entries = B::xt_teacher_entries(teacher.into_primitive().tensor(), &spec).unwrap();
+    let mut out = vec![
+        floats::<B, 2>(entries.logp.clone())
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        ints::<B, 2>(entries.ids.clone())
+            .into_iter()
+            .map(|v| v as f64)
+            .collect(),
+        entries
+            .confidence
+            .map(|c| vec![c.neg_cross_entropy, c.neg_entropy, c.max_prob])
+            .unwrap_or_default(),
+    ];
+    for objective in objectives() {
+        let entries = if matches!(objective, Objective::Kl) {
+            let narrow = logits::<B>(3, [2, 6, vs], &device);
+            let spec = TeacherSpec {
+                next_token: None,
+                ..spec.clone()
+            };
+            B::xt_teacher_entries(narrow.into_primitive().tensor(), &spec).unwrap()
+        } else {
+            entries.clone()
+        };
+        let loss_spec = LossSpec {
+            objective: objective.clone(),
+            merge: merge(),
+            tau: 1.5,
+            row_chunk: 2,
+        };
+        let proj =
+            matches!(objective, Objective::Projected { .. }).then(|| projection::<B>(&device));
+        let want = GradRequest {
+            logits: true,
+            weights: true,
+        };
+        let result = B::xt_loss(
+            student.clone().into_primitive().tensor(),
+            proj,
+            Some(entries),
+            &loss_spec,
+            want,
+        )
+        .unwrap();
+        out.push(
+            floats::<B, 1>(result.value)
+                .into_iter()
+                .map(f64::from)
+                .collect(),
+        );
+        out.push(
+            floats::<B, 3>(result.grad_logits.unwrap())
+                .into_iter()
+                .map(f64::from)
+                .collect(),
+        );
+        if let Some(g) = result.grad_weights {
+            out.push(floats::<B, 2>(g).into_iter().map(f64::from).collect());
+        }
+    }
+    out
+}
+
+#[test]
+fn wgpu_matches_ndarray_for_every_objective() {
+    let on_wgpu = outcomes::<Wgpu>();
+    let on_ndarray = outcomes::<NdArray>();
+    assert_eq!(on_wgpu.len(), on_ndarray.len());
+    for (i, (a, b)) in on_wgpu.iter().zip(&on_ndarray).enumerate() {
+        assert_eq!(a.len(), b.len(), "output {i}");
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                x == y || (x - y).abs() <= 1e-6 * (1.0 + y.abs()),
+                "output {i}: {x} vs {y}"
+            );
+        }
+    }
+}
+
+#[test]
+fn autodiff_on_wgpu_returns_the_fused_gradient() {
+    type A = Autodiff<Wgpu>;
+    let device = Default::default();
+    let vs = support::STUDENT_VOCAB;
+    let teacher = logits::<Wgpu>(3, [2, 6, vs], &device);
+    let spec = TeacherSpec {
+        next_token: None,
+        ..teacher_spec()
+    };
+    let entries = Wgpu::xt_teacher_entries(teacher.into_primitive().tensor(), &spec).unwrap();
+    let loss_spec = LossSpec {
+        objective: Objective::Kl,
+        merge: merge(),
+        tau: 1.5,
+        row_chunk: 2,
+    };
+    let want = GradRequest {
+        logits: true,
+        weights: false,
+    };
+    let student = logits::<Wgpu>(2, [2, 6, vs], &device);
+    let direct = Wgpu::xt_loss(
+        student.clone().into_primitive().tensor(),
+        None,
+        Some(entries.clone()),
+        &loss_spec,
+        want,
+    )
+    .unwrap();
+    let tracked = Tensor::<A, 3>::from_inner(student).require_grad();
+    let result = A::xt_loss(
+        tracked.clone().into_primitive().tensor(),
+        None,
+        Some(xtoken_kernels::TeacherEntries {
+            ids: entries.ids,
+            logp: Tensor::<A, 2>::from_inner(Tensor::<Wgpu, 2>::from_primitive(
+                TensorPrimitive::Float(entries.logp),
+            ))
+            .into_primitive()
+            .tensor(),
+            k: entries.k,
+            vocab: entries.vocab,
+            confidence: entries.confidence,
+        }),
+        &loss_spec,
+        GradRequest {
+            logits: false,
+            weights: false,
+        },
+    )
+    .unwrap();
+    let loss = Tensor::<A, 1>::from_primitive(TensorPrimitive::Float(result.value));
+    let grads = loss.backward();
+    let through_autodiff = tracked
+        .grad(&grads)
+        .unwrap()
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    let fused = floats::<Wgpu, 3>(direct.grad_logits.unwrap());
+    assert_eq!(through_autodiff, fused);
+}
