@@ -4,10 +4,8 @@
 mod support;
 
 use burn::backend::NdArray;
-use support::{floats, ints, logits, merge, objectives, projection, teacher_spec};
-use xtoken_kernels::{
-    host, GradRequest, LossSpec, MergePlan, Objective, TeacherSpec, XTokenBackend,
-};
+use support::{entries_for, floats, ints, logits, merge, objectives, projection, teacher_spec};
+use xtoken_kernels::{host, GradRequest, LossSpec, MergePlan, Objective, XTokenBackend};
 
 type B = NdArray;
 
@@ -31,18 +29,7 @@ fn portable_and_in_place_paths_agree() {
     assert_eq!(fast.confidence, slow.confidence);
 
     for objective in objectives() {
-        let kl = matches!(objective, Objective::Kl);
-        // KL reads teacher ids as student ids: use a teacher as wide as the student.
-        let entries = if kl {
-            let narrow = logits::<B>(3, [2, 6, vs], &device);
-            let spec = TeacherSpec {
-                next_token: None,
-                ..spec.clone()
-            };
-            B::xt_teacher_entries(narrow.into_primitive().tensor(), &spec).unwrap()
-        } else {
-            fast.clone()
-        };
+        let entries = entries_for::<B>(&objective, &fast, &device);
         let spec = LossSpec {
             objective: objective.clone(),
             merge: merge(),

@@ -8,7 +8,7 @@ mod support;
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_wgpu::Wgpu;
-use support::{floats, ints, logits, merge, objectives, projection, teacher_spec};
+use support::{entries_for, floats, ints, logits, merge, objectives, projection, teacher_spec};
 use xtoken_kernels::{GradRequest, LossSpec, Objective, TeacherSpec, XTokenBackend};
 
 /// Everything the two operations return on one backend, as host values.
@@ -34,16 +34,7 @@ fn outcomes<B: XTokenBackend>() -> Vec<Vec<f64>> {
             .unwrap_or_default(),
     ];
     for objective in objectives() {
-        let entries = if matches!(objective, Objective::Kl) {
-            let narrow = logits::<B>(3, [2, 6, vs], &device);
-            let spec = TeacherSpec {
-                next_token: None,
-                ..spec.clone()
-            };
-            B::xt_teacher_entries(narrow.into_primitive().tensor(), &spec).unwrap()
-        } else {
-            entries.clone()
-        };
+        let entries = entries_for::<B>(&objective, &entries, &device);
         let loss_spec = LossSpec {
             objective: objective.clone(),
             merge: merge(),

@@ -6,9 +6,9 @@
 mod support;
 
 use burn::backend::Wgpu;
-use burn::tensor::{Bool, DType, Int, Tensor};
-use support::{expected, fixture};
-use xtoken_models::{CausalLm, LoadOptions, Transformer};
+use burn::tensor::DType;
+use support::{fixture, worst_difference};
+use xtoken_models::{LoadOptions, Transformer};
 
 type B = Wgpu;
 
@@ -17,29 +17,7 @@ fn worst(case: &str, dtype: DType) -> f32 {
     let device = Default::default();
     let model =
         Transformer::<B>::load_with(&fixture(case), LoadOptions { dtype }, &device).unwrap();
-    let mut worst = 0.0f32;
-    for input in expected(case) {
-        let ids = Tensor::<B, 2, Int>::from_data(input.ids.clone(), &device);
-        let padding: Option<Tensor<B, 2, Bool>> = input
-            .mask
-            .map(|mask| Tensor::<B, 2, Int>::from_data(mask, &device).equal_elem(0));
-        let logits = model.forward(ids, padding).unwrap();
-        let ours = logits
-            .cast(DType::F32)
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .unwrap();
-        let theirs = input.logits.into_vec::<f32>().unwrap();
-        let diff = ours
-            .iter()
-            .zip(&theirs)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        eprintln!("wgpu {dtype:?} {case}/{}: max |Δ| = {diff:.2e}", input.name);
-        worst = worst.max(diff);
-    }
-    worst
+    worst_difference(&model, case)
 }
 
 #[test]

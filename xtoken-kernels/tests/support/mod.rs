@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
-use xtoken_kernels::{CommonPairs, MergePlan, Objective, ProjectionTensors, TeacherSpec};
+use xtoken_kernels::{
+    CommonPairs, MergePlan, Objective, ProjectionTensors, TeacherEntries, TeacherSpec,
+    XTokenBackend,
+};
 
 pub const STUDENT_VOCAB: usize = 9;
 pub const TEACHER_VOCAB: usize = 11;
@@ -90,4 +93,22 @@ pub fn objectives() -> Vec<Objective> {
             targets: Arc::from(vec![3, 1, 4, 1, 5, -1, 8, 2, 6, 5, 3, -1]),
         },
     ]
+}
+
+/// The teacher entries `objective` reads: KL reads teacher ids as student ids, so it gets a
+/// teacher as wide as the student; the others get `entries`.
+pub fn entries_for<B: XTokenBackend>(
+    objective: &Objective,
+    entries: &TeacherEntries<B>,
+    device: &B::Device,
+) -> TeacherEntries<B> {
+    if !matches!(objective, Objective::Kl) {
+        return entries.clone();
+    }
+    let narrow = logits::<B>(3, [2, 6, STUDENT_VOCAB], device);
+    let spec = TeacherSpec {
+        next_token: None,
+        ..teacher_spec()
+    };
+    B::xt_teacher_entries(narrow.into_primitive().tensor(), &spec).unwrap()
 }

@@ -4,12 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use burn::backend::NdArray;
+use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 use safetensors::{Dtype, SafeTensors};
 use xtoken_models::{CausalLm, Transformer};
-
-type B = NdArray;
 
 pub fn fixture(case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -66,9 +64,10 @@ pub fn expected(case: &str) -> Vec<Expected> {
         .collect()
 }
 
-/// Max |Δ| between our logits and HF's over every input of `case`, for a loaded `model`.
-pub fn worst_difference(model: &Transformer<B>, case: &str) -> f32 {
-    let device = Default::default();
+/// Max |Δ| between our logits and HF's over every input of `case`, for a loaded `model` on
+/// any backend (logits of any float dtype are compared in f32).
+pub fn worst_difference<B: Backend>(model: &Transformer<B>, case: &str) -> f32 {
+    let device = model.embed_tokens.weight.device();
     let mut worst = 0.0f32;
     for input in expected(case) {
         let ids = Tensor::<B, 2, Int>::from_data(input.ids.clone(), &device);
@@ -83,14 +82,22 @@ pub fn worst_difference(model: &Transformer<B>, case: &str) -> f32 {
             "{case}/{}",
             input.name
         );
-        let ours = logits.into_data().into_vec::<f32>().unwrap();
+        let ours = logits
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .unwrap();
         let theirs = input.logits.into_vec::<f32>().unwrap();
         let diff = ours
             .iter()
             .zip(&theirs)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
-        eprintln!("{case}/{}: max |Δ| = {diff:.2e}", input.name);
+        eprintln!(
+            "{} {case}/{}: max |Δ| = {diff:.2e}",
+            B::name(&device),
+            input.name
+        );
         worst = worst.max(diff);
     }
     worst
