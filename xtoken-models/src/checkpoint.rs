@@ -64,10 +64,6 @@ impl Checkpoint {
         })
     }
 
-    pub fn contains(&self, name: &str) -> bool {
-        self.shard_of.contains_key(name)
-    }
-
     /// The values of `name` as f32 in the file's row-major order, after checking that its shape
     /// is `shape`.
     pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {

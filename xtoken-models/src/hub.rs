@@ -157,28 +157,31 @@ impl<B: Backend> Transformer<B> {
             let prefix = format!("model.layers.{i}");
             let attention = &layer.self_attn;
             let projections = [
-                ("q_proj", &attention.q_proj),
-                ("k_proj", &attention.k_proj),
-                ("v_proj", &attention.v_proj),
-                ("qkv_proj", &attention.qkv_proj),
-                ("o_proj", &Some(attention.o_proj.clone())),
+                ("q_proj", attention.q_proj.as_ref()),
+                ("k_proj", attention.k_proj.as_ref()),
+                ("v_proj", attention.v_proj.as_ref()),
+                ("qkv_proj", attention.qkv_proj.as_ref()),
+                ("o_proj", Some(&attention.o_proj)),
             ];
             for (name, linear) in projections {
                 if let Some(linear) = linear {
                     push_linear(&mut out, format!("{prefix}.self_attn.{name}"), linear);
                 }
             }
-            for (name, norm) in [("q_norm", &attention.q_norm), ("k_norm", &attention.k_norm)] {
+            for (name, norm) in [
+                ("q_norm", attention.q_norm.as_ref()),
+                ("k_norm", attention.k_norm.as_ref()),
+            ] {
                 if let Some(norm) = norm {
                     push_norm(&mut out, format!("{prefix}.self_attn.{name}"), norm);
                 }
             }
             let mlp = &layer.mlp;
             let projections = [
-                ("gate_proj", &mlp.gate_proj),
-                ("up_proj", &mlp.up_proj),
-                ("gate_up_proj", &mlp.gate_up_proj),
-                ("down_proj", &Some(mlp.down_proj.clone())),
+                ("gate_proj", mlp.gate_proj.as_ref()),
+                ("up_proj", mlp.up_proj.as_ref()),
+                ("gate_up_proj", mlp.gate_up_proj.as_ref()),
+                ("down_proj", Some(&mlp.down_proj)),
             ];
             for (name, linear) in projections {
                 if let Some(linear) = linear {

@@ -11,7 +11,7 @@ use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{activation::silu, Bool, DType, ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::{activation::silu, Bool, DType, Int, Tensor, TensorData};
 
 use crate::config::Architecture;
 use crate::error::{ModelError, Result};
@@ -40,11 +40,7 @@ pub(crate) struct Builder<'a, B: Backend, S: TensorSource> {
 }
 
 impl<B: Backend, S: TensorSource> Builder<'_, B, S> {
-    pub(crate) fn tensor<const D: usize>(
-        &self,
-        values: Vec<f32>,
-        shape: [usize; D],
-    ) -> Tensor<B, D> {
+    fn tensor<const D: usize>(&self, values: Vec<f32>, shape: [usize; D]) -> Tensor<B, D> {
         Tensor::from_data(TensorData::new(values, shape), (&self.device, self.dtype))
     }
 
@@ -435,27 +431,23 @@ impl Pass {
                 found: format!("{:?}", [batch, len]),
             });
         }
+        // One small host read (B·T ids) both checks and, on failure, locates the bad id.
         let vocab = architecture.vocab_size;
-        let low: i64 = ids.clone().min().into_scalar().elem();
-        let high: i64 = ids.clone().max().into_scalar().elem();
-        if low < 0 || high >= vocab as i64 {
-            let values = ids
-                .clone()
-                .into_data()
-                .convert::<i64>()
-                .into_vec::<i64>()
-                .unwrap_or_default();
-            let at = values
-                .iter()
-                .position(|&id| id < 0 || id >= vocab as i64)
-                .unwrap_or(0);
+        let values = ids
+            .clone()
+            .into_data()
+            .convert::<i64>()
+            .into_vec::<i64>()
+            .map_err(|e| ModelError::Shape {
+                what: "input ids",
+                expected: "integer values".into(),
+                found: format!("{e:?}"),
+            })?;
+        if let Some(at) = values.iter().position(|&id| id < 0 || id >= vocab as i64) {
             return Err(ModelError::TokenId {
                 sequence: at / len,
                 position: at % len,
-                id: values
-                    .get(at)
-                    .copied()
-                    .unwrap_or(if low < 0 { low } else { high }),
+                id: values[at],
                 vocab,
             });
         }

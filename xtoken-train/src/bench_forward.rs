@@ -11,13 +11,14 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::AutodiffModule;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_models::rope::RopeScaling;
 use xtoken_models::{Architecture, CausalLm, ModelError, Transformer};
 
 use crate::alloc;
+use crate::models::DtypeArg;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Preset {
@@ -69,7 +70,7 @@ pub struct ForwardBenchArgs {
     /// Where to run: `ndarray` (CPU), or `cuda` in a build with `--features cuda`.
     #[arg(long, value_enum, default_value_t = DeviceArg::Ndarray)]
     device: DeviceArg,
-    /// Parameter dtype (`bf16` needs a backend that has it: CUDA).
+    /// Parameter dtype (`bf16` and `f16` need a backend that has them: CUDA).
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     dtype: DtypeArg,
 }
@@ -78,12 +79,6 @@ pub struct ForwardBenchArgs {
 pub enum DeviceArg {
     Ndarray,
     Cuda,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-pub enum DtypeArg {
-    F32,
-    Bf16,
 }
 
 struct Row {
@@ -109,11 +104,7 @@ pub fn run(args: ForwardBenchArgs) -> Result<()> {
 
 fn run_on<B: DeviceMemory>(args: &ForwardBenchArgs, device: &B::Device, place: &str) -> Result<()> {
     let architecture = args.preset.architecture();
-    let dtype = match args.dtype {
-        DtypeArg::F32 => DType::F32,
-        DtypeArg::Bf16 => DType::BF16,
-    };
-    let model = Transformer::<Autodiff<B>>::random(&architecture, 0, dtype, device)?;
+    let model = Transformer::<Autodiff<B>>::random(&architecture, 0, args.dtype.dtype(), device)?;
     let inference = model.valid();
     let tokens = args.batch * args.len;
     let ids: Vec<i64> = (0..tokens)
@@ -168,7 +159,7 @@ fn run_on<B: DeviceMemory>(args: &ForwardBenchArgs, device: &B::Device, place: &
             "| {} | {:.0}M | {place}, {} | {} × {} | {} | {:.2} | {:.0} | {:.0} MiB |",
             args.preset.name(),
             architecture.num_parameters() as f64 / 1e6,
-            dtype_name(dtype),
+            args.dtype.name(),
             args.batch,
             args.len,
             row.pass,
@@ -178,13 +169,6 @@ fn run_on<B: DeviceMemory>(args: &ForwardBenchArgs, device: &B::Device, place: &
         );
     }
     Ok(())
-}
-
-fn dtype_name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::BF16 => "bf16",
-        _ => "f32",
-    }
 }
 
 /// Mean next-token cross-entropy of the logits (in f32); the gradient flows through the whole

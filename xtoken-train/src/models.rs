@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use burn::backend::NdArray;
-use burn::tensor::{Bool, Int, Tensor, TensorData};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 use clap::{Args, ValueEnum};
 use safetensors::{Dtype, SafeTensors};
 use xtoken_models::{CausalLm, SaveDtype, Transformer};
@@ -48,6 +48,25 @@ pub enum DtypeArg {
     F32,
     Bf16,
     F16,
+}
+
+impl DtypeArg {
+    /// The dtype parameters take on the device.
+    pub fn dtype(self) -> DType {
+        match self {
+            DtypeArg::F32 => DType::F32,
+            DtypeArg::Bf16 => DType::BF16,
+            DtypeArg::F16 => DType::F16,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DtypeArg::F32 => "f32",
+            DtypeArg::Bf16 => "bf16",
+            DtypeArg::F16 => "f16",
+        }
+    }
 }
 
 impl From<DtypeArg> for SaveDtype {
