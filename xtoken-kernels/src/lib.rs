@@ -14,8 +14,11 @@
 //! methods: it copies one row chunk at a time with `into_data`, runs on all cores, and uploads
 //! the gradient. ndarray's f32 logits already live in host memory, so its implementation reads
 //! them in place. `Autodiff<B>` wraps any implementation with a backward step that scales the
-//! stored gradient. GPU kernels (cubecl, issue 6) override the two methods for `CubeBackend`.
+//! stored gradient. burn's `CubeBackend` (wgpu, CUDA; feature `wgpu`/`cuda`) evaluates
+//! KL, P-KL and cross-entropy in cubecl kernels on the device ([`cube`]).
 
+#[cfg(feature = "cube")]
+pub mod cube;
 pub mod error;
 pub mod host;
 pub mod memory;
@@ -90,14 +93,6 @@ pub trait XTokenBackend: Backend {
         host::loss::<Self>(logits, projection, teacher, spec, want)
     }
 }
-
-/// The GPU backends run the portable path (row chunks through host memory) until the cubecl
-/// kernels replace it; this keeps the losses usable, and tested, on them meanwhile.
-#[cfg(feature = "wgpu")]
-impl XTokenBackend for burn_wgpu::Wgpu {}
-
-#[cfg(feature = "cuda")]
-impl XTokenBackend for burn_cuda::Cuda {}
 
 /// ndarray's f32 logits are already host memory: the kernels read them in place, without the
 /// row copies of the portable path.

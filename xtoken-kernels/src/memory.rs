@@ -21,6 +21,10 @@ impl<B: DeviceMemory, C: CheckpointStrategy> DeviceMemory for Autodiff<B, C> {
     }
 }
 
+/// wgpu does not report its pools' usage.
+#[cfg(feature = "wgpu")]
+impl DeviceMemory for burn_wgpu::Wgpu {}
+
 #[cfg(feature = "cuda")]
 impl DeviceMemory for burn_cuda::Cuda {
     fn reserved_bytes(device: &Self::Device) -> Option<u64> {

@@ -100,7 +100,7 @@ fn autodiff_on_wgpu_returns_the_fused_gradient() {
         next_token: None,
         ..teacher_spec()
     };
-    let entries = Wgpu::xt_teacher_entries(teacher.into_primitive().tensor(), &spec).unwrap();
+    let entries = <Wgpu>::xt_teacher_entries(teacher.into_primitive().tensor(), &spec).unwrap();
     let loss_spec = LossSpec {
         objective: Objective::Kl,
         merge: merge(),
@@ -112,7 +112,7 @@ fn autodiff_on_wgpu_returns_the_fused_gradient() {
         weights: false,
     };
     let student = logits::<Wgpu>(2, [2, 6, vs], &device);
-    let direct = Wgpu::xt_loss(
+    let direct = <Wgpu>::xt_loss(
         student.clone().into_primitive().tensor(),
         None,
         Some(entries.clone()),

@@ -4,6 +4,7 @@ mod align;
 mod alloc;
 mod bench;
 mod bench_forward;
+mod bench_kernels;
 mod bench_loss;
 mod models;
 
@@ -77,6 +78,9 @@ enum BenchCommand {
     /// Forward and forward+backward tokens/s and peak memory of a random Llama-shaped model on
     /// CPU (ndarray), with and without activation checkpointing.
     Forward(bench_forward::ForwardBenchArgs),
+    /// One teacher's P-KL forward + backward through the cubecl kernels on a GPU (`--device
+    /// cuda|wgpu`, in a build with that feature), against the HBM floor.
+    Kernels(bench_kernels::KernelBenchArgs),
 }
 
 /// A student and a teacher tokenizer, each a directory with tokenizer.json or the file itself.
@@ -194,6 +198,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Align(args)) => bench::align(args),
         Command::Bench(BenchCommand::Loss(args)) => bench_loss::run(args),
         Command::Bench(BenchCommand::Forward(args)) => bench_forward::run(args),
+        Command::Bench(BenchCommand::Kernels(args)) => bench_kernels::run(args),
         Command::Logits(args) => models::logits(args),
         Command::Convert(args) => models::convert(args),
     };

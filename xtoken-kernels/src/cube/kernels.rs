@@ -1,0 +1,562 @@
+//! The cubecl kernels. Logits and their gradient are in the tensor's own float type `F`
+//! (f32/f16/bf16, chosen at launch); everything is computed and reduced in f32. Int arrays
+//! (token ids, rows, W's indices, the merge plan) are i32.
+//!
+//! No float atomics anywhere: reductions are fixed-order trees in shared memory, and the
+//! projection's backward reads W through its transposed (per teacher id) layout or through a
+//! scattered per-slot buffer, so a run is bit-reproducible on one device.
+
+use cubecl::prelude::*;
+
+/// Threads per cube of the row reductions.
+pub const BLOCK: usize = 256;
+
+/// Per row of `z` `[rows, v]`: `lse[row] = log Σ exp(z·t)`, and `bad[row] = 1` when the row
+/// holds NaN or +∞ or only −∞ (then `lse` is meaningless). One cube per row; each unit keeps an
+/// online (max, sum), merged by a tree in shared memory, so the row is read once.
+///
+/// No infinity or NaN constants appear: WGSL has no literal for them, and a kernel that fails
+/// to compile on the device would leave its outputs untouched. `f32::MIN` stands for "no value
+/// yet"; a finite logit is always above it.
+// The negated comparisons are the NaN tests (a kernel has no `partial_cmp`).
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
+#[cube(launch_unchecked)]
+pub fn row_lse<F: Float>(
+    z: &Array<F>,
+    lse: &mut Array<f32>,
+    bad: &mut Array<u32>,
+    rows: usize,
+    v: usize,
+    t: f32,
+    #[comptime] block: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = CUBE_POS;
+    if row >= rows {
+        terminate!();
+    }
+    let tid = UNIT_POS as usize;
+    let mut m = f32::new(f32::MIN);
+    let mut s = 0.0f32;
+    let mut flag = 0u32;
+    let mut c = tid;
+    while c < v {
+        let x = f32::cast_from(z[row * v + c]) * t;
+        // `!(x < MAX)` catches NaN and +∞ alike.
+        if !(x < f32::MAX) {
+            flag = 1u32;
+        } else if x > m {
+            s = s * (m - x).exp() + 1.0f32;
+            m = x;
+        } else if x > f32::MIN {
+            s += (x - m).exp();
+        }
+        c += block;
+    }
+    let mut max_shared = SharedMemory::<f32>::new(block);
+    let mut sum_shared = SharedMemory::<f32>::new(block);
+    let mut bad_shared = SharedMemory::<u32>::new(block);
+    max_shared[tid] = m;
+    sum_shared[tid] = s;
+    bad_shared[tid] = flag;
+    sync_cube();
+    let mut stride = (CUBE_DIM / 2) as usize;
+    while stride > 0 {
+        if tid < stride {
+            let (m1, s1) = (max_shared[tid], sum_shared[tid]);
+            let (m2, s2) = (max_shared[tid + stride], sum_shared[tid + stride]);
+            let mut mm = m1;
+            if m2 > m1 {
+                mm = m2;
+            }
+            max_shared[tid] = mm;
+            sum_shared[tid] = s1 * (m1 - mm).exp() + s2 * (m2 - mm).exp();
+            bad_shared[tid] = bad_shared[tid] | bad_shared[tid + stride];
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    if tid == 0 {
+        let total = sum_shared[0];
+        let mut flag = bad_shared[0];
+        if !(total > 0.0f32) {
+            flag = 1u32;
+        }
+        bad[row] = flag;
+        lse[row] = max_shared[0] + total.ln();
+    }
+}
+
+/// The chunk merge: per slot, `σ = Σ (z[row, token]·t − lse[row])` over its continuation terms
+/// (`start` is the slots' CSR offsets into `rows`/`tokens`). One unit per slot, summing in
+/// term order.
+#[cube(launch_unchecked)]
+pub fn merge_shift<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    start: &Array<i32>,
+    rows: &Array<i32>,
+    tokens: &Array<i32>,
+    sigma: &mut Array<f32>,
+    slots: usize,
+    v: usize,
+    t: f32,
+    #[define(F)] _dtype: StorageType,
+) {
+    let slot = ABSOLUTE_POS;
+    if slot >= slots {
+        terminate!();
+    }
+    let mut acc = 0.0f32;
+    let end = usize::cast_from(start[slot + 1]);
+    let mut i = usize::cast_from(start[slot]);
+    while i < end {
+        let row = usize::cast_from(rows[i]);
+        let token = usize::cast_from(tokens[i]);
+        acc += f32::cast_from(z[row * v + token]) * t - lse[row];
+        i += 1;
+    }
+    sigma[slot] = acc;
+}
+
+/// Tree sum of `block` partials in shared memory; unit 0 returns the total.
+#[cube]
+fn block_sum(partial: f32, #[comptime] block: usize) -> f32 {
+    let tid = UNIT_POS as usize;
+    let mut shared = SharedMemory::<f32>::new(block);
+    shared[tid] = partial;
+    sync_cube();
+    let mut stride = (CUBE_DIM / 2) as usize;
+    while stride > 0 {
+        if tid < stride {
+            shared[tid] = shared[tid] + shared[tid + stride];
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    shared[0]
+}
+
+/// The fused top-K KL of one compared slot per cube: over the teacher's kept entries `(id, lq)`,
+/// `loss[i] = Σ q (lq − lp̂_S[id])` with `lp̂_S = z·t − lse + σ` read straight from the logit row,
+/// and `dsigma[slot] = Σh = −Σ q`.
+#[cube(launch_unchecked)]
+pub fn kl_slots<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    sigma: &Array<f32>,
+    valid_slot: &Array<i32>,
+    valid_row: &Array<i32>,
+    teacher_ids: &Array<i32>,
+    teacher_logp: &Array<f32>,
+    loss: &mut Array<f32>,
+    dsigma: &mut Array<f32>,
+    valid: usize,
+    k: usize,
+    v: usize,
+    t: f32,
+    #[comptime] block: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let i = CUBE_POS;
+    if i >= valid {
+        terminate!();
+    }
+    let slot = usize::cast_from(valid_slot[i]);
+    let row = usize::cast_from(valid_row[i]);
+    let shift = sigma[slot] - lse[row];
+    let mut acc_loss = 0.0f32;
+    let mut acc_q = 0.0f32;
+    let mut j = UNIT_POS as usize;
+    while j < k {
+        let lq = teacher_logp[slot * k + j];
+        if lq > f32::MIN {
+            let q = lq.exp();
+            let id = usize::cast_from(teacher_ids[slot * k + j]);
+            let ls = f32::cast_from(z[row * v + id]) * t + shift;
+            acc_loss += q * (lq - ls);
+            acc_q += q;
+        }
+        j += block;
+    }
+    let total_loss = block_sum(acc_loss, block);
+    let total_q = block_sum(acc_q, block);
+    if UNIT_POS == 0 {
+        loss[i] = total_loss;
+        dsigma[slot] = -total_q;
+    }
+}
+
+/// KL's sparse gradient term on the predicting rows: `grad[row, id] += c·h = −c·q` at each kept
+/// entry. Kept ids are distinct within a slot and rows predict one slot each, so no two units
+/// write one element.
+#[cube(launch_unchecked)]
+pub fn kl_grad_sparse<F: Float>(
+    grad: &mut Array<F>,
+    valid_slot: &Array<i32>,
+    valid_row: &Array<i32>,
+    teacher_ids: &Array<i32>,
+    teacher_logp: &Array<f32>,
+    valid: usize,
+    k: usize,
+    v: usize,
+    c: f32,
+    #[define(F)] _dtype: StorageType,
+) {
+    if ABSOLUTE_POS >= valid * k {
+        terminate!();
+    }
+    let i = ABSOLUTE_POS / k;
+    let j = ABSOLUTE_POS % k;
+    let slot = usize::cast_from(valid_slot[i]);
+    let lq = teacher_logp[slot * k + j];
+    if lq > f32::MIN {
+        let row = usize::cast_from(valid_row[i]);
+        let at = row * v + usize::cast_from(teacher_ids[slot * k + j]);
+        grad[at] = F::cast_from(f32::cast_from(grad[at]) - c * lq.exp());
+    }
+}
+
+/// P-KL per kept entry `(i, j)` of a chunk of compared slots (`first..first + count`): the
+/// projected student probability through W's column of the teacher id,
+/// `p̃ = e^σ Σ_{e ∈ col(id)} w[e] · p[row, e / kw]`; writes the loss term `q (lq − ln(p̃ + ε))`,
+/// `g = −q / (p̃ + ε)` into the chunk's dense `[count, V_T]` buffer at the id (zero elsewhere),
+/// and `g · p̃` (its share of `Σh`).
+#[cube(launch_unchecked)]
+pub fn pkl_entries<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    sigma: &Array<f32>,
+    valid_slot: &Array<i32>,
+    valid_row: &Array<i32>,
+    teacher_ids: &Array<i32>,
+    teacher_logp: &Array<f32>,
+    column_start: &Array<i32>,
+    column_entries: &Array<i32>,
+    weights: &Array<f32>,
+    terms: &mut Array<f32>,
+    sigma_terms: &mut Array<f32>,
+    scattered: &mut Array<f32>,
+    first: usize,
+    count: usize,
+    k: usize,
+    kw: usize,
+    v: usize,
+    vt: usize,
+    t: f32,
+    eps: f32,
+    #[define(F)] _dtype: StorageType,
+) {
+    if ABSOLUTE_POS >= count * k {
+        terminate!();
+    }
+    let local = ABSOLUTE_POS / k;
+    let j = ABSOLUTE_POS % k;
+    let slot = usize::cast_from(valid_slot[first + local]);
+    let lq = teacher_logp[slot * k + j];
+    if lq > f32::MIN {
+        let row = usize::cast_from(valid_row[first + local]);
+        let base = lse[row];
+        let id = usize::cast_from(teacher_ids[slot * k + j]);
+        let mut acc = 0.0f32;
+        let end = usize::cast_from(column_start[id + 1]);
+        let mut e = usize::cast_from(column_start[id]);
+        while e < end {
+            let entry = usize::cast_from(column_entries[e]);
+            let s = entry / kw;
+            acc += weights[entry] * (f32::cast_from(z[row * v + s]) * t - base).exp();
+            e += 1;
+        }
+        let projected = sigma[slot].exp() * acc;
+        let q = lq.exp();
+        let pt = projected + eps;
+        let g = -q / pt;
+        terms[ABSOLUTE_POS] = q * (lq - pt.ln());
+        sigma_terms[ABSOLUTE_POS] = g * projected;
+        scattered[local * vt + id] = g;
+    } else {
+        terms[ABSOLUTE_POS] = 0.0f32;
+        sigma_terms[ABSOLUTE_POS] = 0.0f32;
+    }
+}
+
+/// Per compared slot of a chunk (one cube each): sums its entries' loss terms into
+/// `loss[first + local]` and their `g · p̃` into `dsigma[slot]`.
+#[cube(launch_unchecked)]
+pub fn slot_sums(
+    terms: &Array<f32>,
+    sigma_terms: &Array<f32>,
+    valid_slot: &Array<i32>,
+    loss: &mut Array<f32>,
+    dsigma: &mut Array<f32>,
+    first: usize,
+    count: usize,
+    k: usize,
+    #[comptime] block: usize,
+) {
+    let local = CUBE_POS;
+    if local >= count {
+        terminate!();
+    }
+    let mut acc_loss = 0.0f32;
+    let mut acc_sigma = 0.0f32;
+    let mut j = UNIT_POS as usize;
+    while j < k {
+        acc_loss += terms[local * k + j];
+        acc_sigma += sigma_terms[local * k + j];
+        j += block;
+    }
+    let total_loss = block_sum(acc_loss, block);
+    let total_sigma = block_sum(acc_sigma, block);
+    if UNIT_POS == 0 {
+        loss[first + local] = total_loss;
+        let slot = usize::cast_from(valid_slot[first + local]);
+        dsigma[slot] = total_sigma;
+    }
+}
+
+/// The predicting rows' gradient, written whole: `grad[row, s] = c (h_s − p_s Σh)`. With
+/// `projected`, `h_s = e^σ p_s Σ_k w[s, k] · g[idx[s, k]]` gathers the chunk's scattered `g`
+/// (P-KL's backward through W, in W's own row layout); without it `h` is zero here and KL adds
+/// its sparse part afterwards.
+#[cube(launch_unchecked)]
+pub fn predicting_grad<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    sigma: &Array<f32>,
+    dsigma: &Array<f32>,
+    valid_slot: &Array<i32>,
+    valid_row: &Array<i32>,
+    indices: &Array<i32>,
+    weights: &Array<f32>,
+    scattered: &Array<f32>,
+    grad: &mut Array<F>,
+    first: usize,
+    count: usize,
+    kw: usize,
+    v: usize,
+    vt: usize,
+    t: f32,
+    c: f32,
+    #[comptime] projected: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    if ABSOLUTE_POS >= count * v {
+        terminate!();
+    }
+    let local = ABSOLUTE_POS / v;
+    let s = ABSOLUTE_POS % v;
+    let slot = usize::cast_from(valid_slot[first + local]);
+    let row = usize::cast_from(valid_row[first + local]);
+    let at = row * v + s;
+    let p = (f32::cast_from(z[at]) * t - lse[row]).exp();
+    let mut h = 0.0f32;
+    if comptime![projected] {
+        let mut acc = 0.0f32;
+        for kk in 0..kw {
+            let id = indices[s * kw + kk];
+            if id >= 0i32 {
+                acc += weights[s * kw + kk] * scattered[local * vt + usize::cast_from(id)];
+            }
+        }
+        h = sigma[slot].exp() * p * acc;
+    }
+    grad[at] = F::cast_from(c * (h - p * dsigma[slot]));
+}
+
+/// P-KL's gradient to W's values, one unit per entry `(s, k)`, summing the chunk's slots in
+/// order: `gw[s, k] += scale Σ_i e^σ_i p_i[s] g_i[idx[s, k]]`.
+#[cube(launch_unchecked)]
+pub fn pkl_grad_weights<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    sigma: &Array<f32>,
+    valid_slot: &Array<i32>,
+    valid_row: &Array<i32>,
+    indices: &Array<i32>,
+    scattered: &Array<f32>,
+    grad_weights: &mut Array<f32>,
+    first: usize,
+    count: usize,
+    entries: usize,
+    kw: usize,
+    v: usize,
+    vt: usize,
+    t: f32,
+    scale: f32,
+    #[define(F)] _dtype: StorageType,
+) {
+    if ABSOLUTE_POS >= entries {
+        terminate!();
+    }
+    let id = indices[ABSOLUTE_POS];
+    if id >= 0i32 {
+        let id = usize::cast_from(id);
+        let s = ABSOLUTE_POS / kw;
+        let mut acc = 0.0f32;
+        for local in 0..count {
+            let g = scattered[local * vt + id];
+            if g != 0.0f32 {
+                let slot = usize::cast_from(valid_slot[first + local]);
+                let row = usize::cast_from(valid_row[first + local]);
+                let p = (f32::cast_from(z[row * v + s]) * t - lse[row]).exp();
+                acc += sigma[slot].exp() * p * g;
+            }
+        }
+        grad_weights[ABSOLUTE_POS] += scale * acc;
+    }
+}
+
+/// Clears the chunk's scattered buffer where `pkl_entries` wrote, so it is all zero for the
+/// next chunk without a full fill.
+#[cube(launch_unchecked)]
+pub fn clear_scattered(
+    scattered: &mut Array<f32>,
+    valid_slot: &Array<i32>,
+    teacher_ids: &Array<i32>,
+    first: usize,
+    count: usize,
+    k: usize,
+    vt: usize,
+) {
+    if ABSOLUTE_POS >= count * k {
+        terminate!();
+    }
+    let local = ABSOLUTE_POS / k;
+    let j = ABSOLUTE_POS % k;
+    let slot = usize::cast_from(valid_slot[first + local]);
+    let id = usize::cast_from(teacher_ids[slot * k + j]);
+    scattered[local * vt + id] = 0.0f32;
+}
+
+/// The continuation rows' gradient, added: `grad[row, x] += c (Σ_terms [x = token] Σh_slot −
+/// p_x Σ_terms Σh_slot)`. `start` gives each listed row's CSR range of `(token, slot)` terms.
+#[cube(launch_unchecked)]
+pub fn continuation_grad<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    dsigma: &Array<f32>,
+    rows: &Array<i32>,
+    start: &Array<i32>,
+    tokens: &Array<i32>,
+    slots: &Array<i32>,
+    grad: &mut Array<F>,
+    count: usize,
+    v: usize,
+    t: f32,
+    c: f32,
+    #[define(F)] _dtype: StorageType,
+) {
+    if ABSOLUTE_POS >= count * v {
+        terminate!();
+    }
+    let i = ABSOLUTE_POS / v;
+    let x = ABSOLUTE_POS % v;
+    let row = usize::cast_from(rows[i]);
+    let at = row * v + x;
+    let mut total = 0.0f32;
+    let mut hit = 0.0f32;
+    let end = usize::cast_from(start[i + 1]);
+    let mut e = usize::cast_from(start[i]);
+    while e < end {
+        let d = dsigma[usize::cast_from(slots[e])];
+        total += d;
+        if usize::cast_from(tokens[e]) == x {
+            hit += d;
+        }
+        e += 1;
+    }
+    let p = (f32::cast_from(z[at]) * t - lse[row]).exp();
+    grad[at] = F::cast_from(f32::cast_from(grad[at]) + c * (hit - p * total));
+}
+
+/// Zeroes whole rows (listed) of a `[rows, v]` array: the rows no slot reads.
+#[cube(launch_unchecked)]
+pub fn zero_rows<F: Float>(
+    grad: &mut Array<F>,
+    rows: &Array<i32>,
+    count: usize,
+    v: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    if ABSOLUTE_POS >= count * v {
+        terminate!();
+    }
+    let row = usize::cast_from(rows[ABSOLUTE_POS / v]);
+    grad[row * v + ABSOLUTE_POS % v] = F::new(0.0);
+}
+
+/// Next-token cross-entropy per row (`targets[row] < 0`: skipped): the loss term
+/// `lse − z[y]` and, with `with_grad`, the whole gradient row `(p − e_y) · inv` (0 on skipped
+/// rows).
+#[cube(launch_unchecked)]
+pub fn cross_entropy_grad<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    targets: &Array<i32>,
+    grad: &mut Array<F>,
+    rows: usize,
+    v: usize,
+    inv: f32,
+    #[define(F)] _dtype: StorageType,
+) {
+    if ABSOLUTE_POS >= rows * v {
+        terminate!();
+    }
+    let row = ABSOLUTE_POS / v;
+    let x = ABSOLUTE_POS % v;
+    let y = targets[row];
+    let mut g = 0.0f32;
+    if y >= 0i32 {
+        g = (f32::cast_from(z[ABSOLUTE_POS]) - lse[row]).exp() * inv;
+        if usize::cast_from(y) == x {
+            g -= inv;
+        }
+    }
+    grad[ABSOLUTE_POS] = F::cast_from(g);
+}
+
+/// Per row, the cross-entropy term `lse − z[y]` (0 on skipped rows).
+#[cube(launch_unchecked)]
+pub fn cross_entropy_terms<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    targets: &Array<i32>,
+    terms: &mut Array<f32>,
+    rows: usize,
+    v: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = ABSOLUTE_POS;
+    if row >= rows {
+        terminate!();
+    }
+    let y = targets[row];
+    let mut term = 0.0f32;
+    if y >= 0i32 {
+        term = lse[row] - f32::cast_from(z[row * v + usize::cast_from(y)]);
+    }
+    terms[row] = term;
+}
+
+/// `out[0] = scale · Σ values` in one cube, in a fixed order.
+#[cube(launch_unchecked)]
+pub fn scaled_sum<F: Float>(
+    values: &Array<f32>,
+    out: &mut Array<F>,
+    n: usize,
+    scale: f32,
+    #[comptime] block: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let mut acc = 0.0f32;
+    let mut i = UNIT_POS as usize;
+    while i < n {
+        acc += values[i];
+        i += block;
+    }
+    let total = block_sum(acc, block);
+    if UNIT_POS == 0 {
+        out[0] = F::cast_from(total * scale);
+    }
+}

@@ -1,0 +1,918 @@
+//! [`XTokenBackend`] for burn's `CubeBackend` (wgpu, CUDA, any cubecl runtime): the student side
+//! of KL, P-KL and cross-entropy runs in cubecl kernels ([`kernels`]), on the logits where they
+//! lie, in their own float type.
+//!
+//! One distillation evaluation is a fixed sequence of launches, all deterministic:
+//!
+//! 1. `row_lse`: each logit row's log-sum-exp, reading the row once (online max and sum);
+//! 2. `merge_shift`: the chunk merge, `σ_c` per slot from its continuation terms;
+//! 3. KL: `kl_slots` (the fused log-softmax + top-K KL, one cube per compared slot), then the
+//!    gradient rows (`predicting_grad`, `kl_grad_sparse`);
+//!    P-KL, per chunk of `row_chunk` slots: `pkl_entries` (the sparse projection `Wᵀp̂` at the
+//!    teacher's kept ids, through W's transposed layout), `slot_sums`, `predicting_grad` (the
+//!    projection's backward to `p̂`, a gather through W's rows), `pkl_grad_weights` (to W's
+//!    values), `clear_scattered`;
+//! 4. `continuation_grad` and `zero_rows`: the merge's backward and the rows no slot reads;
+//! 5. `scaled_sum`: the loss.
+//!
+//! The host does what is O(slots) or O(|W|): it checks the plan, lays it out as CSR arrays, and
+//! transposes W's indices (a counting sort). The hybrid objectives (ULD, GOLD, H-KL) sort each
+//! student row's uncommon probabilities; they, and the teacher's top-K extraction, still take
+//! the portable path ([`crate::host`]), one row chunk at a time through host memory.
+
+mod kernels;
+
+use std::sync::Arc;
+
+use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensorOps};
+use burn::tensor::{DType, FloatDType, Int, IntDType, Shape, Tensor, TensorPrimitive};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::prelude::*;
+use cubecl::{calculate_cube_count_elemwise, CubeDim};
+
+use crate::error::KernelError;
+use crate::spec::{GradRequest, LossSpec, MergePlan, Objective};
+use crate::{host, LossOutput, ProjectionTensors, TeacherEntries, XTokenBackend};
+
+pub use kernels::BLOCK;
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> XTokenBackend
+    for CubeBackend<R, F, I, BT>
+{
+    fn xt_loss(
+        logits: FloatTensor<Self>,
+        projection: Option<ProjectionTensors<Self>>,
+        teacher: Option<TeacherEntries<Self>>,
+        spec: &LossSpec,
+        want: GradRequest,
+    ) -> Result<LossOutput<Self>, KernelError> {
+        match &spec.objective {
+            Objective::Hybrid { .. } => host::loss::<Self>(logits, projection, teacher, spec, want),
+            Objective::CrossEntropy { targets } => {
+                cross_entropy::<Self, R>(logits, targets, want.logits)
+            }
+            Objective::Kl | Objective::Projected { .. } => {
+                distill::<Self, R>(logits, projection, teacher, spec, want)
+            }
+        }
+    }
+}
+
+/// The backend ops the launcher needs, on any `CubeBackend` (its float and int tensors are
+/// both `CubeTensor<R>`).
+trait Cube<R: CubeRuntime>:
+    XTokenBackend<FloatTensorPrimitive = CubeTensor<R>, IntTensorPrimitive = CubeTensor<R>>
+    + FloatTensorOps<Self>
+    + IntTensorOps<Self>
+{
+}
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Cube<R>
+    for CubeBackend<R, F, I, BT>
+{
+}
+
+/// Where the launches go, and the small host-built arrays they read.
+struct Launcher<R: CubeRuntime> {
+    client: ComputeClient<R>,
+    device: R::Device,
+}
+
+impl<R: CubeRuntime> Launcher<R> {
+    fn of(t: &CubeTensor<R>) -> Self {
+        Self {
+            client: t.client.clone(),
+            device: t.device.clone(),
+        }
+    }
+
+    /// An i32 array on the device (one element at least, so that an empty list still binds).
+    fn ints(&self, data: &[i32]) -> CubeTensor<R> {
+        let data: &[i32] = if data.is_empty() { &[0] } else { data };
+        let handle = self.client.create_from_slice(bytemuck::cast_slice(data));
+        CubeTensor::new_contiguous(
+            self.client.clone(),
+            self.device.clone(),
+            Shape::new([data.len()]),
+            handle,
+            DType::I32,
+        )
+    }
+
+    fn zeros(&self, len: usize, dtype: DType) -> CubeTensor<R> {
+        zeros_client(
+            self.client.clone(),
+            self.device.clone(),
+            Shape::new([len.max(1)]),
+            dtype,
+        )
+    }
+
+    fn empty(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
+        empty_device_contiguous_dtype(self.client.clone(), self.device.clone(), shape, dtype)
+    }
+
+    /// Launch geometry for one unit per element.
+    fn elementwise(&self, n: usize) -> (CubeCount, CubeDim) {
+        let dim = CubeDim::new(&self.client, n.max(1));
+        (
+            calculate_cube_count_elemwise(&self.client, n.max(1), dim),
+            dim,
+        )
+    }
+
+    /// Launch geometry for one cube of [`BLOCK`] units per item.
+    fn per_item(&self, n: usize) -> (CubeCount, CubeDim) {
+        (
+            cubecl::server::CubeCountSelection::new(&self.client, n.max(1) as u32).cube_count(),
+            CubeDim::new_1d(BLOCK as u32),
+        )
+    }
+}
+
+fn float_dtype(t: &CubeTensor<impl CubeRuntime>) -> StorageType {
+    t.dtype.into()
+}
+
+/// The tensor as contiguous f32 (a no-op when it already is).
+fn as_f32<B: Cube<R>, R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let t = if t.dtype == DType::F32 {
+        t
+    } else {
+        B::float_cast(t, FloatDType::F32)
+    };
+    into_contiguous(t)
+}
+
+/// The tensor as contiguous i32.
+fn as_i32<B: Cube<R>, R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let t = if t.dtype == DType::I32 {
+        t
+    } else {
+        B::int_cast(t, IntDType::I32)
+    };
+    into_contiguous(t)
+}
+
+fn read_f32<B: Cube<R>, R: CubeRuntime>(t: CubeTensor<R>) -> Result<Vec<f32>, KernelError> {
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t))
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| KernelError::Read {
+            what: "loss",
+            message: format!("{e:?}"),
+        })
+}
+
+fn read_i64<B: Cube<R>, R: CubeRuntime>(
+    t: CubeTensor<R>,
+    what: &'static str,
+) -> Result<Vec<i64>, KernelError> {
+    Tensor::<B, 1, Int>::from_primitive(t)
+        .into_data()
+        .convert::<i64>()
+        .into_vec::<i64>()
+        .map_err(|e| KernelError::Read {
+            what,
+            message: format!("{e:?}"),
+        })
+}
+
+/// `[min, max]` of an int tensor, read back as two numbers (not the tensor).
+fn int_range<B: Cube<R>, R: CubeRuntime>(
+    t: &CubeTensor<R>,
+    what: &'static str,
+) -> Result<(i64, i64), KernelError> {
+    let flat = B::int_reshape(t.clone(), Shape::new([t.meta.num_elements()]));
+    let both = B::int_cat(vec![B::int_min(flat.clone()), B::int_max(flat)], 0);
+    let range = read_i64::<B, R>(both, what)?;
+    Ok((range[0], range[1]))
+}
+
+fn shape_of(t: &CubeTensor<impl CubeRuntime>) -> Vec<usize> {
+    t.meta.shape().to_vec()
+}
+
+fn check_tau(tau: f32) -> Result<(), KernelError> {
+    if tau.is_finite() && tau > 0.0 {
+        Ok(())
+    } else {
+        Err(KernelError::Invalid {
+            what: "temperature",
+            why: format!("τ = {tau}; it must be a positive finite number"),
+        })
+    }
+}
+
+/// The merge plan as CSR arrays: continuation terms by slot (for `σ`) and by row (for their
+/// gradient), the compared slots, and the rows nothing reads.
+struct PlanArrays<R: CubeRuntime> {
+    slot_start: CubeTensor<R>,
+    term_row: CubeTensor<R>,
+    term_token: CubeTensor<R>,
+    valid_slot: CubeTensor<R>,
+    valid_row: CubeTensor<R>,
+    valid: usize,
+    continuation_rows: CubeTensor<R>,
+    row_start: CubeTensor<R>,
+    row_token: CubeTensor<R>,
+    row_slot: CubeTensor<R>,
+    continuation_count: usize,
+    idle_rows: CubeTensor<R>,
+    idle_count: usize,
+}
+
+impl<R: CubeRuntime> PlanArrays<R> {
+    fn new(merge: &MergePlan, launcher: &Launcher<R>) -> Self {
+        let slots = merge.slots();
+        let mut by_slot = merge.continuation.clone();
+        by_slot.sort_unstable_by_key(|&(row, token, slot)| (slot, row, token));
+        let mut slot_start = vec![0i32; slots + 1];
+        for &(_, _, slot) in &by_slot {
+            slot_start[slot as usize + 1] += 1;
+        }
+        for s in 0..slots {
+            slot_start[s + 1] += slot_start[s];
+        }
+        let term_row: Vec<i32> = by_slot.iter().map(|t| t.0 as i32).collect();
+        let term_token: Vec<i32> = by_slot.iter().map(|t| t.1 as i32).collect();
+
+        let mut by_row = merge.continuation.clone();
+        by_row.sort_unstable();
+        let mut continuation_rows: Vec<i32> = Vec::new();
+        let mut row_start = vec![0i32];
+        for &(row, _, _) in &by_row {
+            if continuation_rows.last() != Some(&(row as i32)) {
+                continuation_rows.push(row as i32);
+                row_start.push(*row_start.last().unwrap_or(&0));
+            }
+            if let Some(end) = row_start.last_mut() {
+                *end += 1;
+            }
+        }
+        let row_token: Vec<i32> = by_row.iter().map(|t| t.1 as i32).collect();
+        let row_slot: Vec<i32> = by_row.iter().map(|t| t.2 as i32).collect();
+
+        let (valid_slot, valid_row): (Vec<i32>, Vec<i32>) = merge
+            .predicting()
+            .map(|(slot, row)| (slot as i32, row as i32))
+            .unzip();
+        let mut read = vec![false; merge.rows];
+        for &row in &valid_row {
+            read[row as usize] = true;
+        }
+        let idle_rows: Vec<i32> = (0..merge.rows as i32)
+            .filter(|&r| !read[r as usize])
+            .collect();
+        Self {
+            slot_start: launcher.ints(&slot_start),
+            term_row: launcher.ints(&term_row),
+            term_token: launcher.ints(&term_token),
+            valid: valid_slot.len(),
+            valid_slot: launcher.ints(&valid_slot),
+            valid_row: launcher.ints(&valid_row),
+            continuation_count: continuation_rows.len(),
+            continuation_rows: launcher.ints(&continuation_rows),
+            row_start: launcher.ints(&row_start),
+            row_token: launcher.ints(&row_token),
+            row_slot: launcher.ints(&row_slot),
+            idle_count: idle_rows.len(),
+            idle_rows: launcher.ints(&idle_rows),
+        }
+    }
+}
+
+/// W's indices transposed, per teacher id the flat entries `s · K_w + k` that point to it.
+fn columns(indices: &[i64], teacher_vocab: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut start = vec![0i32; teacher_vocab + 1];
+    for &t in indices.iter().filter(|&&t| t >= 0) {
+        start[t as usize + 1] += 1;
+    }
+    for t in 0..teacher_vocab {
+        start[t + 1] += start[t];
+    }
+    let mut fill = start.clone();
+    let mut entries = vec![0i32; start[teacher_vocab] as usize];
+    for (entry, &t) in indices.iter().enumerate() {
+        if t >= 0 {
+            entries[fill[t as usize] as usize] = entry as i32;
+            fill[t as usize] += 1;
+        }
+    }
+    (start, entries)
+}
+
+/// Row log-sum-exps of `[rows, v]` logits, tempered by `t`, with each row's non-finite flag.
+struct RowLse<R: CubeRuntime> {
+    lse: CubeTensor<R>,
+    bad: CubeTensor<R>,
+}
+
+fn row_lse<R: CubeRuntime>(
+    launcher: &Launcher<R>,
+    z: &CubeTensor<R>,
+    rows: usize,
+    v: usize,
+    t: f32,
+) -> RowLse<R> {
+    let lse = launcher.zeros(rows, DType::F32);
+    let bad = launcher.zeros(rows, DType::U32);
+    let (count, dim) = launcher.per_item(rows);
+    unsafe {
+        kernels::row_lse::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            z.clone().into_array_arg(),
+            lse.clone().into_array_arg(),
+            bad.clone().into_array_arg(),
+            rows,
+            v,
+            t,
+            BLOCK,
+            float_dtype(z),
+        );
+    }
+    RowLse { lse, bad }
+}
+
+/// The loss value as a `[1]` tensor of the logits' dtype: `scale · Σ terms`.
+fn scaled_sum<R: CubeRuntime>(
+    launcher: &Launcher<R>,
+    terms: &CubeTensor<R>,
+    n: usize,
+    scale: f32,
+    dtype: DType,
+) -> CubeTensor<R> {
+    let value = launcher.zeros(1, dtype);
+    unsafe {
+        kernels::scaled_sum::launch_unchecked::<R>(
+            &launcher.client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(BLOCK as u32),
+            terms.clone().into_array_arg(),
+            value.clone().into_array_arg(),
+            n,
+            scale,
+            BLOCK,
+            dtype.into(),
+        );
+    }
+    value
+}
+
+/// Reads the rows' flags, then the loss (two small reads): a row the loss reads that holds NaN,
+/// +∞ or only −∞ is an error naming it, and so is a non-finite value.
+fn finish<B: Cube<R>, R: CubeRuntime>(
+    output: LossOutput<B>,
+    bad: CubeTensor<R>,
+    rows: impl Iterator<Item = u32>,
+    objective: &'static str,
+) -> Result<LossOutput<B>, KernelError> {
+    let flags = read_i64::<B, R>(bad, "row flags")?;
+    for row in rows {
+        if flags.get(row as usize).is_some_and(|&f| f != 0) {
+            return Err(KernelError::NonFinite {
+                side: "student",
+                row: row as usize,
+            });
+        }
+    }
+    let value = read_f32::<B, R>(output.value.clone())?[0];
+    if value.is_finite() {
+        Ok(output)
+    } else {
+        Err(KernelError::NonFiniteLoss {
+            objective,
+            value: value as f64,
+        })
+    }
+}
+
+/// Mean next-token cross-entropy.
+fn cross_entropy<B: Cube<R>, R: CubeRuntime>(
+    logits: CubeTensor<R>,
+    targets: &Arc<[i32]>,
+    want_grad: bool,
+) -> Result<LossOutput<B>, KernelError> {
+    let z = into_contiguous(logits);
+    let shape = shape_of(&z);
+    let &[b, t, v] = shape.as_slice() else {
+        return Err(KernelError::Shape {
+            what: "student logits",
+            expected: "[B, T, V]".into(),
+            found: format!("{shape:?}"),
+        });
+    };
+    let n = b * t;
+    if targets.len() != n {
+        return Err(KernelError::Shape {
+            what: "cross-entropy targets",
+            expected: format!("{n} entries"),
+            found: format!("{}", targets.len()),
+        });
+    }
+    if let Some(&y) = targets.iter().find(|&&y| y >= v as i32) {
+        return Err(KernelError::IndexOutOfRange {
+            what: "cross-entropy targets",
+            field: "token",
+            index: y as i64,
+            size: v,
+        });
+    }
+    let launcher = Launcher::of(&z);
+    let counted = targets.iter().filter(|&&y| y >= 0).count();
+    let inv = if counted > 0 {
+        1.0 / counted as f32
+    } else {
+        0.0
+    };
+    let target_array = launcher.ints(targets);
+    let RowLse { lse, bad } = row_lse(&launcher, &z, n, v, 1.0);
+    let terms = launcher.zeros(n, DType::F32);
+    let (count, dim) = launcher.elementwise(n);
+    unsafe {
+        kernels::cross_entropy_terms::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            z.clone().into_array_arg(),
+            lse.clone().into_array_arg(),
+            target_array.clone().into_array_arg(),
+            terms.clone().into_array_arg(),
+            n,
+            v,
+            float_dtype(&z),
+        );
+    }
+    let grad_logits = want_grad.then(|| {
+        let grad = launcher.empty(Shape::new([b, t, v]), z.dtype);
+        let (count, dim) = launcher.elementwise(n * v);
+        unsafe {
+            kernels::cross_entropy_grad::launch_unchecked::<R>(
+                &launcher.client,
+                count,
+                dim,
+                z.clone().into_array_arg(),
+                lse.clone().into_array_arg(),
+                target_array.clone().into_array_arg(),
+                grad.clone().into_array_arg(),
+                n,
+                v,
+                inv,
+                float_dtype(&z),
+            );
+        }
+        grad
+    });
+    let value = scaled_sum(&launcher, &terms, n, inv, z.dtype);
+    let output = LossOutput {
+        value,
+        grad_logits,
+        grad_weights: None,
+    };
+    let rows = targets
+        .iter()
+        .enumerate()
+        .filter(|(_, &y)| y >= 0)
+        .map(|(r, _)| r as u32);
+    finish::<B, R>(output, bad, rows, "cross-entropy")
+}
+
+/// KL or P-KL on the device.
+fn distill<B: Cube<R>, R: CubeRuntime>(
+    logits: CubeTensor<R>,
+    projection: Option<ProjectionTensors<B>>,
+    teacher: Option<TeacherEntries<B>>,
+    spec: &LossSpec,
+    want: GradRequest,
+) -> Result<LossOutput<B>, KernelError> {
+    check_tau(spec.tau)?;
+    let z = into_contiguous(logits);
+    let shape = shape_of(&z);
+    let &[b, t, v] = shape.as_slice() else {
+        return Err(KernelError::Shape {
+            what: "student logits",
+            expected: "[B, T, V]".into(),
+            found: format!("{shape:?}"),
+        });
+    };
+    let n = b * t;
+    spec.merge.check("student", n, v)?;
+    let teacher = teacher.ok_or(KernelError::Invalid {
+        what: "loss",
+        why: "a distillation objective needs the teacher's entries".into(),
+    })?;
+    let k = teacher.k;
+    let slots = spec.merge.slots();
+    let expected = vec![slots, k];
+    for (what, found) in [
+        ("teacher ids", shape_of(&teacher.ids)),
+        ("teacher log-probabilities", shape_of(&teacher.logp)),
+    ] {
+        if found != expected {
+            return Err(KernelError::Shape {
+                what,
+                expected: format!("{expected:?}"),
+                found: format!("{found:?}"),
+            });
+        }
+    }
+    let projected = matches!(spec.objective, Objective::Projected { .. });
+    let id_limit = if projected { teacher.vocab } else { v };
+    if slots * k > 0 {
+        let (low, high) = int_range::<B, R>(&teacher.ids, "teacher ids")?;
+        if low < 0 || high >= id_limit as i64 {
+            return Err(KernelError::IndexOutOfRange {
+                what: "teacher ids",
+                field: "token",
+                index: if low < 0 { low } else { high },
+                size: id_limit,
+            });
+        }
+    }
+    let launcher = Launcher::of(&z);
+    let tau_inv = 1.0 / spec.tau;
+    let valid = spec.merge.valid();
+    let scale = if valid > 0 {
+        spec.tau * spec.tau / valid as f32
+    } else {
+        0.0
+    };
+    let c = scale * tau_inv;
+    let plan = PlanArrays::new(&spec.merge, &launcher);
+    let teacher_ids = as_i32::<B, R>(teacher.ids);
+    let teacher_logp = as_f32::<B, R>(teacher.logp);
+    let dtype = float_dtype(&z);
+
+    let RowLse { lse, bad } = row_lse(&launcher, &z, n, v, tau_inv);
+    let sigma = launcher.zeros(slots, DType::F32);
+    let (count, dim) = launcher.elementwise(slots);
+    unsafe {
+        kernels::merge_shift::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            z.clone().into_array_arg(),
+            lse.clone().into_array_arg(),
+            plan.slot_start.clone().into_array_arg(),
+            plan.term_row.clone().into_array_arg(),
+            plan.term_token.clone().into_array_arg(),
+            sigma.clone().into_array_arg(),
+            slots,
+            v,
+            tau_inv,
+            dtype,
+        );
+    }
+    let loss = launcher.zeros(plan.valid, DType::F32);
+    let dsigma = launcher.zeros(slots, DType::F32);
+    let grad = want
+        .logits
+        .then(|| launcher.empty(Shape::new([b, t, v]), z.dtype));
+    let mut grad_weights = None;
+    if let Some(grad) = &grad {
+        if plan.idle_count > 0 {
+            let (count, dim) = launcher.elementwise(plan.idle_count * v);
+            unsafe {
+                kernels::zero_rows::launch_unchecked::<R>(
+                    &launcher.client,
+                    count,
+                    dim,
+                    grad.clone().into_array_arg(),
+                    plan.idle_rows.clone().into_array_arg(),
+                    plan.idle_count,
+                    v,
+                    dtype,
+                );
+            }
+        }
+    }
+
+    match (&spec.objective, projection) {
+        (Objective::Kl, _) => {
+            let (count, dim) = launcher.per_item(plan.valid);
+            unsafe {
+                kernels::kl_slots::launch_unchecked::<R>(
+                    &launcher.client,
+                    count,
+                    dim,
+                    z.clone().into_array_arg(),
+                    lse.clone().into_array_arg(),
+                    sigma.clone().into_array_arg(),
+                    plan.valid_slot.clone().into_array_arg(),
+                    plan.valid_row.clone().into_array_arg(),
+                    teacher_ids.clone().into_array_arg(),
+                    teacher_logp.clone().into_array_arg(),
+                    loss.clone().into_array_arg(),
+                    dsigma.clone().into_array_arg(),
+                    plan.valid,
+                    k,
+                    v,
+                    tau_inv,
+                    BLOCK,
+                    dtype,
+                );
+            }
+            if let Some(grad) = &grad {
+                let none = launcher.zeros(1, DType::F32);
+                let no_ids = launcher.ints(&[]);
+                predicting_grad(
+                    &launcher,
+                    Predicting {
+                        z: &z,
+                        lse: &lse,
+                        sigma: &sigma,
+                        dsigma: &dsigma,
+                        plan: &plan,
+                        indices: &no_ids,
+                        weights: &none,
+                        scattered: &none,
+                        grad,
+                    },
+                    (0, plan.valid),
+                    (1, v, 1),
+                    (tau_inv, c),
+                    false,
+                );
+                let (count, dim) = launcher.elementwise(plan.valid * k);
+                unsafe {
+                    kernels::kl_grad_sparse::launch_unchecked::<R>(
+                        &launcher.client,
+                        count,
+                        dim,
+                        grad.clone().into_array_arg(),
+                        plan.valid_slot.clone().into_array_arg(),
+                        plan.valid_row.clone().into_array_arg(),
+                        teacher_ids.clone().into_array_arg(),
+                        teacher_logp.clone().into_array_arg(),
+                        plan.valid,
+                        k,
+                        v,
+                        c,
+                        dtype,
+                    );
+                }
+            }
+        }
+        (Objective::Projected { eps }, Some(w)) => {
+            let vt = teacher.vocab;
+            let index_shape = shape_of(&w.indices);
+            let weight_shape = shape_of(&w.weights);
+            if index_shape.len() != 2 || index_shape[0] != v || weight_shape != index_shape {
+                return Err(KernelError::Shape {
+                    what: "projection",
+                    expected: format!("indices and weights [{v}, K]"),
+                    found: format!("indices {index_shape:?}, weights {weight_shape:?}"),
+                });
+            }
+            let kw = index_shape[1];
+            let indices = as_i32::<B, R>(w.indices);
+            let host_indices = read_i64::<B, R>(
+                B::int_reshape(indices.clone(), Shape::new([v * kw])),
+                "projection indices",
+            )?;
+            if let Some(&bad) = host_indices.iter().find(|&&i| i < -1 || i >= vt as i64) {
+                return Err(KernelError::IndexOutOfRange {
+                    what: "projection indices",
+                    field: "teacher id",
+                    index: bad,
+                    size: vt,
+                });
+            }
+            let weights_dtype = w.weights.dtype;
+            let weights = as_f32::<B, R>(w.weights);
+            let (start, entries) = columns(&host_indices, vt);
+            let column_start = launcher.ints(&start);
+            let column_entries = launcher.ints(&entries);
+            let chunk = spec.row_chunk.max(1).min(plan.valid.max(1));
+            let scattered = launcher.zeros(chunk * vt, DType::F32);
+            let terms = launcher.zeros(chunk * k, DType::F32);
+            let sigma_terms = launcher.zeros(chunk * k, DType::F32);
+            let gw = want.weights.then(|| launcher.zeros(v * kw, DType::F32));
+            let mut first = 0;
+            while first < plan.valid {
+                let count_rows = chunk.min(plan.valid - first);
+                let (count, dim) = launcher.elementwise(count_rows * k);
+                unsafe {
+                    kernels::pkl_entries::launch_unchecked::<R>(
+                        &launcher.client,
+                        count,
+                        dim,
+                        z.clone().into_array_arg(),
+                        lse.clone().into_array_arg(),
+                        sigma.clone().into_array_arg(),
+                        plan.valid_slot.clone().into_array_arg(),
+                        plan.valid_row.clone().into_array_arg(),
+                        teacher_ids.clone().into_array_arg(),
+                        teacher_logp.clone().into_array_arg(),
+                        column_start.clone().into_array_arg(),
+                        column_entries.clone().into_array_arg(),
+                        weights.clone().into_array_arg(),
+                        terms.clone().into_array_arg(),
+                        sigma_terms.clone().into_array_arg(),
+                        scattered.clone().into_array_arg(),
+                        first,
+                        count_rows,
+                        k,
+                        kw,
+                        v,
+                        vt,
+                        tau_inv,
+                        *eps,
+                        dtype,
+                    );
+                }
+                let (count, dim) = launcher.per_item(count_rows);
+                unsafe {
+                    kernels::slot_sums::launch_unchecked::<R>(
+                        &launcher.client,
+                        count,
+                        dim,
+                        terms.clone().into_array_arg(),
+                        sigma_terms.clone().into_array_arg(),
+                        plan.valid_slot.clone().into_array_arg(),
+                        loss.clone().into_array_arg(),
+                        dsigma.clone().into_array_arg(),
+                        first,
+                        count_rows,
+                        k,
+                        BLOCK,
+                    );
+                }
+                if let Some(grad) = &grad {
+                    predicting_grad(
+                        &launcher,
+                        Predicting {
+                            z: &z,
+                            lse: &lse,
+                            sigma: &sigma,
+                            dsigma: &dsigma,
+                            plan: &plan,
+                            indices: &indices,
+                            weights: &weights,
+                            scattered: &scattered,
+                            grad,
+                        },
+                        (first, count_rows),
+                        (kw, v, vt),
+                        (tau_inv, c),
+                        true,
+                    );
+                }
+                if let Some(gw) = &gw {
+                    let (count, dim) = launcher.elementwise(v * kw);
+                    unsafe {
+                        kernels::pkl_grad_weights::launch_unchecked::<R>(
+                            &launcher.client,
+                            count,
+                            dim,
+                            z.clone().into_array_arg(),
+                            lse.clone().into_array_arg(),
+                            sigma.clone().into_array_arg(),
+                            plan.valid_slot.clone().into_array_arg(),
+                            plan.valid_row.clone().into_array_arg(),
+                            indices.clone().into_array_arg(),
+                            scattered.clone().into_array_arg(),
+                            gw.clone().into_array_arg(),
+                            first,
+                            count_rows,
+                            v * kw,
+                            kw,
+                            v,
+                            vt,
+                            tau_inv,
+                            scale,
+                            dtype,
+                        );
+                    }
+                }
+                let (count, dim) = launcher.elementwise(count_rows * k);
+                unsafe {
+                    kernels::clear_scattered::launch_unchecked::<R>(
+                        &launcher.client,
+                        count,
+                        dim,
+                        scattered.clone().into_array_arg(),
+                        plan.valid_slot.clone().into_array_arg(),
+                        teacher_ids.clone().into_array_arg(),
+                        first,
+                        count_rows,
+                        k,
+                        vt,
+                    );
+                }
+                first += count_rows;
+            }
+            grad_weights = gw.map(|gw| {
+                let gw = B::float_reshape(gw, Shape::new([v, kw]));
+                match weights_dtype {
+                    DType::F32 => gw,
+                    other => B::float_cast(gw, other.into()),
+                }
+            });
+        }
+        (Objective::Projected { .. }, None) => {
+            return Err(KernelError::Invalid {
+                what: "loss",
+                why: "the projected KL needs the projection W".into(),
+            })
+        }
+        _ => unreachable!("distill() serves KL and P-KL only"),
+    }
+
+    if let Some(grad) = &grad {
+        if plan.continuation_count > 0 {
+            let (count, dim) = launcher.elementwise(plan.continuation_count * v);
+            unsafe {
+                kernels::continuation_grad::launch_unchecked::<R>(
+                    &launcher.client,
+                    count,
+                    dim,
+                    z.clone().into_array_arg(),
+                    lse.clone().into_array_arg(),
+                    dsigma.clone().into_array_arg(),
+                    plan.continuation_rows.clone().into_array_arg(),
+                    plan.row_start.clone().into_array_arg(),
+                    plan.row_token.clone().into_array_arg(),
+                    plan.row_slot.clone().into_array_arg(),
+                    grad.clone().into_array_arg(),
+                    plan.continuation_count,
+                    v,
+                    tau_inv,
+                    c,
+                    dtype,
+                );
+            }
+        }
+    }
+    let value = scaled_sum(&launcher, &loss, plan.valid, scale, z.dtype);
+    let output = LossOutput {
+        value,
+        grad_logits: grad,
+        grad_weights,
+    };
+    let mut rows: Vec<u32> = spec.merge.predict_row.iter().flatten().copied().collect();
+    rows.extend(spec.merge.continuation.iter().map(|&(row, _, _)| row));
+    let name = if projected { "projected KL" } else { "KL" };
+    finish::<B, R>(output, bad, rows.into_iter(), name)
+}
+
+/// The tensors `predicting_grad` reads.
+struct Predicting<'a, R: CubeRuntime> {
+    z: &'a CubeTensor<R>,
+    lse: &'a CubeTensor<R>,
+    sigma: &'a CubeTensor<R>,
+    dsigma: &'a CubeTensor<R>,
+    plan: &'a PlanArrays<R>,
+    indices: &'a CubeTensor<R>,
+    weights: &'a CubeTensor<R>,
+    scattered: &'a CubeTensor<R>,
+    grad: &'a CubeTensor<R>,
+}
+
+/// Writes the predicting rows `first..first + count` of the gradient.
+fn predicting_grad<R: CubeRuntime>(
+    launcher: &Launcher<R>,
+    args: Predicting<'_, R>,
+    (first, count): (usize, usize),
+    (kw, v, vt): (usize, usize, usize),
+    (tau_inv, c): (f32, f32),
+    projected: bool,
+) {
+    let dtype = float_dtype(args.z);
+    if count == 0 {
+        return;
+    }
+    let (cubes, dim) = launcher.elementwise(count * v);
+    unsafe {
+        kernels::predicting_grad::launch_unchecked::<R>(
+            &launcher.client,
+            cubes,
+            dim,
+            args.z.clone().into_array_arg(),
+            args.lse.clone().into_array_arg(),
+            args.sigma.clone().into_array_arg(),
+            args.dsigma.clone().into_array_arg(),
+            args.plan.valid_slot.clone().into_array_arg(),
+            args.plan.valid_row.clone().into_array_arg(),
+            args.indices.clone().into_array_arg(),
+            args.weights.clone().into_array_arg(),
+            args.scattered.clone().into_array_arg(),
+            args.grad.clone().into_array_arg(),
+            first,
+            count,
+            kw,
+            v,
+            vt,
+            tau_inv,
+            c,
+            projected,
+            dtype,
+        );
+    }
+}

@@ -1,0 +1,463 @@
+//! The cubecl kernels (burn's wgpu backend; Mesa lavapipe on CPU in CI) against the portable
+//! host implementation on ndarray, on random cases shaped to catch kernel bugs: vocabularies
+//! and K that are not multiples of the cube size, W rows that are all empty slots, `-1` slots,
+//! extreme logits, merged chunks, skipped slots and a row that both predicts and continues.
+//! Then the gradients against finite differences on the device, bit-reproducibility, f16
+//! logits and the errors. Run with `--features wgpu`.
+#![cfg(feature = "wgpu")]
+
+use std::sync::Arc;
+
+use burn::backend::NdArray;
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
+use burn_wgpu::Wgpu;
+use xtoken_kernels::{
+    GradRequest, KernelError, LossSpec, MergePlan, Objective, ProjectionTensors, TeacherSpec,
+    XTokenBackend,
+};
+
+fn mix(i: u64, salt: u64) -> u64 {
+    let mut x = (i ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_add(0x632b_e59b_d9b4_e019);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Uniform in [-1, 1).
+fn unit(i: u64, salt: u64) -> f32 {
+    (mix(i, salt) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+}
+
+/// A random case on the host.
+struct Case {
+    batch: usize,
+    len: usize,
+    student_vocab: usize,
+    teacher_vocab: usize,
+    top_k: usize,
+    kw: usize,
+    tau: f32,
+    row_chunk: usize,
+    student: Vec<f32>,
+    teacher: Vec<f32>,
+    /// A teacher as wide as the student, for KL (its ids index the student vocabulary).
+    narrow_teacher: Vec<f32>,
+    indices: Vec<i64>,
+    weights: Vec<f32>,
+    merge: MergePlan,
+    targets: Vec<i32>,
+}
+
+impl Case {
+    fn new(batch: usize, len: usize, (vs, vt): (usize, usize), top_k: usize, salt: u64) -> Self {
+        let n = batch * len;
+        let mut student: Vec<f32> = (0..n * vs).map(|i| 6.0 * unit(i as u64, salt)).collect();
+        // Extreme rows: one logit far above the rest, one far below, a row of huge values.
+        student[5 * vs + 17] = 80.0;
+        student[11 * vs + 3] = -1.0e4;
+        if n > 13 {
+            for x in &mut student[13 * vs..14 * vs] {
+                *x += 300.0;
+            }
+        }
+        let teacher = (0..n * vt)
+            .map(|i| 5.0 * unit(i as u64, salt + 1))
+            .collect();
+        let narrow_teacher = (0..n * vs)
+            .map(|i| 5.0 * unit(i as u64, salt + 2))
+            .collect();
+        let kw = 3;
+        let mut indices = vec![-1i64; vs * kw];
+        let mut weights = vec![0.0f32; vs * kw];
+        for s in 0..vs {
+            if s % 50 == 7 {
+                continue; // an empty row
+            }
+            let used = 1 + (mix(s as u64, salt + 3) % kw as u64) as usize;
+            let mut total = 0.0;
+            for k in 0..used {
+                let id = (mix((s * kw + k) as u64, salt + 4) % vt as u64) as i64;
+                if indices[s * kw..s * kw + k].contains(&id) {
+                    continue; // a -1 slot
+                }
+                indices[s * kw + k] = id;
+                weights[s * kw + k] = 0.2 + unit((s * kw + k) as u64, salt + 5).abs();
+                total += weights[s * kw + k];
+            }
+            for w in &mut weights[s * kw..(s + 1) * kw] {
+                *w /= total;
+            }
+        }
+        // Chunks of 1–3 positions: the first position predicts, the others continue it; the
+        // last 4 positions of the last sequence are padding (skipped slots).
+        let mut predict_row = Vec::new();
+        let mut continuation = Vec::new();
+        for b in 0..batch {
+            let mut p = 0;
+            while p < len {
+                let size = 1 + (mix((b * len + p) as u64, salt + 6) % 3) as usize;
+                let slot = predict_row.len() as u32;
+                let padded = b + 1 == batch && p + 4 >= len;
+                predict_row.push((!padded).then_some((b * len + p) as u32));
+                for q in p + 1..(p + size).min(len) {
+                    // The teacher side reads the same plan: a token both vocabularies have.
+                    let token = (mix((b * len + q) as u64, salt + 7) % vs.min(vt) as u64) as u32;
+                    continuation.push(((b * len + q) as u32, token, slot));
+                }
+                p += size;
+            }
+        }
+        // A row that predicts one slot and also continues another.
+        if let Some(row) = predict_row[3] {
+            continuation.push((row, 11, 1));
+        }
+        let targets = (0..n)
+            .map(|r| {
+                if r % 9 == 4 {
+                    -1
+                } else {
+                    (mix(r as u64, salt + 8) % vs as u64) as i32
+                }
+            })
+            .collect();
+        Self {
+            batch,
+            len,
+            student_vocab: vs,
+            teacher_vocab: vt,
+            top_k,
+            kw,
+            tau: 0.7,
+            row_chunk: 5,
+            student,
+            teacher,
+            narrow_teacher,
+            indices,
+            weights,
+            merge: MergePlan {
+                rows: n,
+                predict_row,
+                continuation,
+            },
+            targets,
+        }
+    }
+
+    fn objectives(&self) -> Vec<Objective> {
+        vec![
+            Objective::Kl,
+            Objective::Projected { eps: 1e-10 },
+            Objective::CrossEntropy {
+                targets: Arc::from(self.targets.clone()),
+            },
+        ]
+    }
+}
+
+/// What one evaluation returns, on the host.
+#[derive(Debug, Clone, PartialEq)]
+struct Outcome {
+    value: f32,
+    grad_logits: Vec<f32>,
+    grad_weights: Option<Vec<f32>>,
+}
+
+fn floats<B: Backend>(t: burn::tensor::ops::FloatTensor<B>) -> Vec<f32> {
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t))
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .expect("f32 data")
+}
+
+fn flat<B: Backend, const D: usize>(
+    t: burn::tensor::ops::FloatTensor<B>,
+) -> burn::tensor::ops::FloatTensor<B> {
+    let t = Tensor::<B, D>::from_primitive(TensorPrimitive::Float(t));
+    let n = t.shape().num_elements();
+    t.reshape([n]).into_primitive().tensor()
+}
+
+/// Evaluates `objective` on backend `B` with the case's data, student logits replaced by
+/// `student` and W's weights by `weights` (for the finite differences), logits in `dtype`.
+fn evaluate<B: XTokenBackend>(
+    case: &Case,
+    objective: &Objective,
+    student: &[f32],
+    weights: &[f32],
+    dtype: DType,
+) -> Result<Outcome, KernelError> {
+    let device = Default::default();
+    let (b, t, vs, vt) = (case.batch, case.len, case.student_vocab, case.teacher_vocab);
+    let kl = matches!(objective, Objective::Kl);
+    let (teacher, width) = if kl {
+        (case.narrow_teacher.clone(), vs)
+    } else {
+        (case.teacher.clone(), vt)
+    };
+    let teacher = Tensor::<B, 3>::from_data(TensorData::new(teacher, [b, t, width]), &device);
+    let spec = TeacherSpec {
+        merge: case.merge.clone(),
+        top_k: case.top_k,
+        tau: case.tau,
+        row_chunk: 4,
+        next_token: None,
+    };
+    let entries = B::xt_teacher_entries(teacher.into_primitive().tensor(), &spec)?;
+    let logits = Tensor::<B, 3>::from_data(TensorData::new(student.to_vec(), [b, t, vs]), &device)
+        .cast(dtype);
+    let projection = matches!(objective, Objective::Projected { .. }).then(|| ProjectionTensors {
+        indices: Tensor::<B, 2, Int>::from_data(
+            TensorData::new(case.indices.clone(), [vs, case.kw]),
+            &device,
+        )
+        .into_primitive(),
+        weights: Tensor::<B, 2>::from_data(
+            TensorData::new(weights.to_vec(), [vs, case.kw]),
+            &device,
+        )
+        .into_primitive()
+        .tensor(),
+    });
+    let spec = LossSpec {
+        objective: objective.clone(),
+        merge: case.merge.clone(),
+        tau: case.tau,
+        row_chunk: case.row_chunk,
+    };
+    let want = GradRequest {
+        logits: true,
+        weights: true,
+    };
+    let out = B::xt_loss(
+        logits.into_primitive().tensor(),
+        projection,
+        Some(entries),
+        &spec,
+        want,
+    )?;
+    Ok(Outcome {
+        value: floats::<B>(out.value)[0],
+        grad_logits: floats::<B>(flat::<B, 3>(out.grad_logits.expect("asked for"))),
+        grad_weights: out.grad_weights.map(|g| floats::<B>(flat::<B, 2>(g))),
+    })
+}
+
+fn assert_close(what: &str, device: &[f32], host: &[f32], rel: f32) {
+    assert_eq!(device.len(), host.len(), "{what}: lengths");
+    let scale = host.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    for (i, (a, b)) in device.iter().zip(host).enumerate() {
+        assert!(
+            a.is_finite() && (a - b).abs() <= rel * scale + 1e-9,
+            "{what}[{i}]: device {a} vs host {b} (scale {scale})"
+        );
+    }
+}
+
+fn compare(case: &Case) {
+    for objective in case.objectives() {
+        let on_device =
+            evaluate::<Wgpu>(case, &objective, &case.student, &case.weights, DType::F32).unwrap();
+        let on_host =
+            evaluate::<NdArray>(case, &objective, &case.student, &case.weights, DType::F32)
+                .unwrap();
+        let name = format!("{objective:?}")
+            .chars()
+            .take(12)
+            .collect::<String>();
+        let (a, b) = (on_device.value, on_host.value);
+        assert!(
+            (a - b).abs() <= 2e-5 * b.abs().max(1.0),
+            "{name} value: device {a} vs host {b}"
+        );
+        assert_close(
+            &format!("{name} grad logits"),
+            &on_device.grad_logits,
+            &on_host.grad_logits,
+            2e-5,
+        );
+        match (&on_device.grad_weights, &on_host.grad_weights) {
+            (Some(a), Some(b)) => assert_close(&format!("{name} grad weights"), a, b, 2e-5),
+            (None, None) => {}
+            _ => panic!("{name}: one side returned W's gradient, the other not"),
+        }
+    }
+}
+
+#[test]
+fn kernels_match_the_host_on_odd_sizes() {
+    // 1000 and 1237 are not multiples of any cube size; K = 300 leaves a partial block.
+    compare(&Case::new(2, 37, (1000, 1237), 300, 1));
+}
+
+#[test]
+fn kernels_match_the_host_with_k_above_the_block_and_one_row() {
+    compare(&Case::new(1, 20, (300, 257), 257, 2));
+}
+
+/// Central differences of the device loss at the coordinates with the largest gradient and a
+/// few others, for the logits and (P-KL) W's weights.
+#[test]
+fn device_gradients_match_finite_differences() {
+    let case = Case::new(1, 12, (300, 350), 40, 3);
+    for objective in case.objectives() {
+        let base =
+            evaluate::<Wgpu>(&case, &objective, &case.student, &case.weights, DType::F32).unwrap();
+        let mut order: Vec<usize> = (0..base.grad_logits.len()).collect();
+        order.sort_by(|&a, &b| {
+            base.grad_logits[b]
+                .abs()
+                .total_cmp(&base.grad_logits[a].abs())
+        });
+        let mut picks: Vec<usize> = order[..6].to_vec();
+        picks.extend((0..4).map(|i| (mix(i, 9) % base.grad_logits.len() as u64) as usize));
+        let scale = base.grad_logits[order[0]].abs();
+        let h = 1e-2f32;
+        for &i in &picks {
+            let mut plus = case.student.clone();
+            let mut minus = case.student.clone();
+            plus[i] += h;
+            minus[i] -= h;
+            let f = |z: &[f32]| {
+                evaluate::<Wgpu>(&case, &objective, z, &case.weights, DType::F32)
+                    .unwrap()
+                    .value
+            };
+            let numeric = (f(&plus) - f(&minus)) / (2.0 * h);
+            let analytic = base.grad_logits[i];
+            assert!(
+                (numeric - analytic).abs() <= 2e-3 * scale + 2e-4,
+                "{objective:?} logit {i}: finite difference {numeric} vs kernel {analytic}"
+            );
+        }
+        if let Some(gw) = &base.grad_weights {
+            let mut order: Vec<usize> = (0..gw.len()).collect();
+            order.sort_by(|&a, &b| gw[b].abs().total_cmp(&gw[a].abs()));
+            let scale = gw[order[0]].abs();
+            for &i in &order[..6] {
+                let mut plus = case.weights.clone();
+                let mut minus = case.weights.clone();
+                plus[i] += h;
+                minus[i] -= h;
+                let f = |w: &[f32]| {
+                    evaluate::<Wgpu>(&case, &objective, &case.student, w, DType::F32)
+                        .unwrap()
+                        .value
+                };
+                let numeric = (f(&plus) - f(&minus)) / (2.0 * h);
+                assert!(
+                    (numeric - gw[i]).abs() <= 2e-3 * scale + 2e-4,
+                    "W weight {i}: finite difference {numeric} vs kernel {}",
+                    gw[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn device_results_are_bit_reproducible() {
+    let case = Case::new(2, 37, (1000, 1237), 300, 4);
+    for objective in case.objectives() {
+        let run = || {
+            evaluate::<Wgpu>(&case, &objective, &case.student, &case.weights, DType::F32).unwrap()
+        };
+        let first = run();
+        let second = run();
+        assert_eq!(first.value.to_bits(), second.value.to_bits());
+        assert!(first
+            .grad_logits
+            .iter()
+            .zip(&second.grad_logits)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert_eq!(first.grad_weights, second.grad_weights);
+    }
+}
+
+#[test]
+fn f16_logits_give_the_f32_result_to_f16_precision() {
+    let case = Case::new(1, 20, (300, 257), 64, 5);
+    // The extreme rows overflow f16; keep them in range.
+    let student: Vec<f32> = case.student.iter().map(|x| x.clamp(-60.0, 60.0)).collect();
+    for objective in case.objectives() {
+        let full =
+            evaluate::<Wgpu>(&case, &objective, &student, &case.weights, DType::F32).unwrap();
+        let half =
+            evaluate::<Wgpu>(&case, &objective, &student, &case.weights, DType::F16).unwrap();
+        assert!(
+            (full.value - half.value).abs() <= 2e-2 * full.value.abs().max(1.0),
+            "{objective:?}: f16 {} vs f32 {}",
+            half.value,
+            full.value
+        );
+        assert_close("f16 grad", &half.grad_logits, &full.grad_logits, 2e-2);
+    }
+}
+
+#[test]
+fn a_nan_in_a_compared_row_is_an_error_naming_it() {
+    let case = Case::new(1, 12, (300, 350), 40, 6);
+    let row = case.merge.predict_row[2].expect("slot 2 is compared") as usize;
+    let mut student = case.student.clone();
+    student[row * case.student_vocab + 9] = f32::NAN;
+    for objective in case.objectives() {
+        if let Objective::CrossEntropy { targets } = &objective {
+            assert!(targets[row] >= 0, "row {row} has a target");
+        }
+        let err = evaluate::<Wgpu>(&case, &objective, &student, &case.weights, DType::F32)
+            .expect_err("NaN logits must fail");
+        assert!(
+            matches!(err, KernelError::NonFinite { side: "student", row: r } if r == row),
+            "{objective:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn out_of_range_teacher_ids_are_refused_on_the_device() {
+    let device = Default::default();
+    let (vs, k) = (40, 4);
+    let merge = MergePlan {
+        rows: 2,
+        predict_row: vec![Some(0), Some(1)],
+        continuation: vec![],
+    };
+    let ids = vec![0i64, 1, 2, 3, 4, 5, 6, vs as i64];
+    let entries = xtoken_kernels::TeacherEntries::<Wgpu> {
+        ids: Tensor::<Wgpu, 2, Int>::from_data(TensorData::new(ids, [2, k]), &device)
+            .into_primitive(),
+        logp: Tensor::<Wgpu, 2>::from_data(TensorData::new(vec![-1.5f32; 2 * k], [2, k]), &device)
+            .into_primitive()
+            .tensor(),
+        k,
+        vocab: vs,
+        confidence: None,
+    };
+    let logits = Tensor::<Wgpu, 3>::zeros([1, 2, vs], &device);
+    let spec = LossSpec {
+        objective: Objective::Kl,
+        merge,
+        tau: 1.0,
+        row_chunk: 4,
+    };
+    let err = <Wgpu>::xt_loss(
+        logits.into_primitive().tensor(),
+        None,
+        Some(entries),
+        &spec,
+        GradRequest::default(),
+    )
+    .expect_err("id 40 is outside a 40-token vocabulary");
+    assert!(
+        matches!(
+            err,
+            KernelError::IndexOutOfRange {
+                index: 40,
+                size: 40,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

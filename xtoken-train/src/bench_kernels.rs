@@ -1,0 +1,270 @@
+//! `xtoken bench kernels`: one teacher's P-KL, forward and backward (gradients to the student
+//! logits and to W's values), through `XTokenBackend::xt_loss` on a GPU backend: the cubecl
+//! kernels, or (`--path portable`) the portable host path for comparison. The time is set
+//! against the HBM floor: the bytes the evaluation must move at least once, over the copy
+//! bandwidth measured in the same run.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
+use clap::{Args, ValueEnum};
+use xtoken_kernels::memory::DeviceMemory;
+use xtoken_kernels::{
+    host, GradRequest, LossSpec, MergePlan, Objective, ProjectionTensors, TeacherEntries,
+    XTokenBackend,
+};
+
+use crate::models::DtypeArg;
+
+/// Options of `xtoken bench kernels`.
+#[derive(Args)]
+pub struct KernelBenchArgs {
+    /// Compared rows (one 1-to-1 chunk each).
+    #[arg(long, default_value_t = 4096)]
+    rows: usize,
+    /// Student vocabulary (Llama-3.2).
+    #[arg(long, default_value_t = 128_256)]
+    student_vocab: usize,
+    /// Teacher vocabulary (Qwen3's model width).
+    #[arg(long, default_value_t = 151_936)]
+    teacher_vocab: usize,
+    /// Teacher entries kept per row.
+    #[arg(long, default_value_t = 8192)]
+    top_k: usize,
+    /// W's slots per student token.
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    /// Rows per P-KL chunk (the `[chunk, V_T]` scatter buffer).
+    #[arg(long, default_value_t = 512)]
+    row_chunk: usize,
+    /// Timed runs (after one warm-up); the table gives the fastest and the median.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Student logits' dtype (the gradient has the same).
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    dtype: DtypeArg,
+    /// `cuda` or `wgpu` in a build with that feature; `ndarray` (CPU) runs the host
+    /// implementation in place.
+    #[arg(long, value_enum)]
+    device: KernelDevice,
+    /// `kernels` (cubecl) or `portable` (row chunks through host memory).
+    #[arg(long, value_enum, default_value_t = PathArg::Kernels)]
+    path: PathArg,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KernelDevice {
+    Ndarray,
+    Cuda,
+    Wgpu,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PathArg {
+    Kernels,
+    Portable,
+}
+
+pub fn run(args: KernelBenchArgs) -> Result<()> {
+    if args.rows == 0 || args.runs == 0 || args.slots == 0 {
+        bail!("--rows, --runs and --slots must be positive");
+    }
+    if args.top_k == 0 || args.top_k > args.teacher_vocab {
+        bail!("--top-k must be between 1 and --teacher-vocab");
+    }
+    match args.device {
+        KernelDevice::Ndarray => run_on::<burn::backend::NdArray>(&args, "CPU (ndarray)"),
+        #[cfg(feature = "cuda")]
+        KernelDevice::Cuda => run_on::<burn::backend::Cuda>(&args, "CUDA"),
+        #[cfg(feature = "wgpu")]
+        KernelDevice::Wgpu => run_on::<burn::backend::Wgpu>(&args, "wgpu"),
+        #[allow(unreachable_patterns)]
+        KernelDevice::Cuda => {
+            bail!("this xtoken was built without CUDA; rebuild with --features cuda")
+        }
+        #[allow(unreachable_patterns)]
+        KernelDevice::Wgpu => {
+            bail!("this xtoken was built without wgpu; rebuild with --features wgpu")
+        }
+    }
+}
+
+struct Inputs<B: Backend> {
+    logits: Tensor<B, 3>,
+    entries: TeacherEntries<B>,
+    projection: ProjectionTensors<B>,
+    spec: LossSpec,
+}
+
+/// Random logits, teacher entries (K distinct ids per row, spread over the vocabulary) and W
+/// (1..=slots ids per student token), all built on the device or uploaded once.
+fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Inputs<B> {
+    let (n, vs, vt, k, kw) = (
+        args.rows,
+        args.student_vocab,
+        args.teacher_vocab,
+        args.top_k,
+        args.slots,
+    );
+    let logits = Tensor::<B, 3>::random([1, n, vs], Distribution::Normal(0.0, 2.0), device)
+        .cast(args.dtype.dtype());
+    let step = (vt / k).max(1);
+    let ids: Vec<i32> = (0..n * k)
+        .map(|i| {
+            let (row, j) = (i / k, i % k);
+            ((row * 7919 + j * step) % vt) as i32
+        })
+        .collect();
+    let logp = vec![-(k as f32).ln(); n * k];
+    let entries = TeacherEntries {
+        ids: Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [n, k]), device).into_primitive(),
+        logp: Tensor::<B, 2>::from_data(TensorData::new(logp, [n, k]), device)
+            .into_primitive()
+            .tensor(),
+        k,
+        vocab: vt,
+        confidence: None,
+    };
+    let mut indices = vec![-1i32; vs * kw];
+    let mut weights = vec![0.0f32; vs * kw];
+    for s in 0..vs {
+        let used = 1 + s % kw;
+        for j in 0..used {
+            indices[s * kw + j] = ((s * 104_729 + j * 7_368_787) % vt) as i32;
+            weights[s * kw + j] = 1.0 / used as f32;
+        }
+    }
+    let projection = ProjectionTensors {
+        indices: Tensor::<B, 2, Int>::from_data(TensorData::new(indices, [vs, kw]), device)
+            .into_primitive(),
+        weights: Tensor::<B, 2>::from_data(TensorData::new(weights, [vs, kw]), device)
+            .into_primitive()
+            .tensor(),
+    };
+    let spec = LossSpec {
+        objective: Objective::Projected { eps: 1e-10 },
+        merge: MergePlan {
+            rows: n,
+            predict_row: (0..n as u32).map(Some).collect(),
+            continuation: Vec::new(),
+        },
+        tau: 1.0,
+        row_chunk: args.row_chunk,
+    };
+    Inputs {
+        logits,
+        entries,
+        projection,
+        spec,
+    }
+}
+
+/// One evaluation, waited for.
+fn evaluate<B: XTokenBackend>(
+    inputs: &Inputs<B>,
+    path: PathArg,
+    device: &B::Device,
+) -> Result<f64> {
+    let want = GradRequest {
+        logits: true,
+        weights: true,
+    };
+    let logits = inputs.logits.clone().into_primitive().tensor();
+    let projection = Some(inputs.projection.clone());
+    let entries = Some(inputs.entries.clone());
+    let start = Instant::now();
+    let out = match path {
+        PathArg::Kernels => B::xt_loss(logits, projection, entries, &inputs.spec, want)?,
+        PathArg::Portable => host::loss::<B>(logits, projection, entries, &inputs.spec, want)?,
+    };
+    B::sync(device)?;
+    let seconds = start.elapsed().as_secs_f64();
+    drop(out);
+    Ok(seconds)
+}
+
+/// Device copy bandwidth in bytes/s: the best of five `y = x · 1` over as many f32 as the
+/// logits have, between 64 MiB and 1 GiB (the kernel reads and writes every byte once).
+fn copy_bandwidth<B: Backend>(elements: usize, device: &B::Device) -> Result<f64> {
+    let elements = elements.clamp(1 << 24, 1 << 28);
+    let x = Tensor::<B, 1>::ones([elements], device);
+    let mut best = f64::INFINITY;
+    for _ in 0..6 {
+        let start = Instant::now();
+        let y = x.clone().mul_scalar(1.0);
+        B::sync(device)?;
+        best = best.min(start.elapsed().as_secs_f64());
+        drop(y);
+    }
+    Ok(2.0 * 4.0 * elements as f64 / best)
+}
+
+fn run_on<B: XTokenBackend + DeviceMemory>(args: &KernelBenchArgs, place: &str) -> Result<()> {
+    let device = B::Device::default();
+    let (n, vs, vt, k, kw) = (
+        args.rows,
+        args.student_vocab,
+        args.teacher_vocab,
+        args.top_k,
+        args.slots,
+    );
+    eprintln!("measuring the copy bandwidth");
+    let bandwidth = copy_bandwidth::<B>(n * vs, &device)?;
+    eprintln!("building inputs: {n} rows, V_S = {vs}, V_T = {vt}, K = {k}");
+    let inputs = inputs::<B>(args, &device);
+    B::sync(&device)?;
+    let before = B::reserved_bytes(&device);
+    evaluate(&inputs, args.path, &device)?;
+    let mut times = Vec::with_capacity(args.runs);
+    for i in 0..args.runs {
+        eprint!("\rrun {}/{}", i + 1, args.runs);
+        times.push(evaluate(&inputs, args.path, &device)?);
+    }
+    eprintln!();
+    let peak = B::reserved_bytes(&device);
+    times.sort_by(f64::total_cmp);
+    let best = times[0];
+    let median = times[times.len() / 2];
+    let element = match args.dtype.dtype() {
+        DType::F32 => 4,
+        _ => 2,
+    };
+    // Read the logits, write their gradient; read the teacher's ids and log-probabilities;
+    // read W's ids and weights and write W's gradient.
+    let floor_bytes = 2 * n * vs * element + n * k * 8 + vs * kw * 12;
+    let floor = floor_bytes as f64 / bandwidth;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let peak_text = match (before, peak) {
+        (Some(b), Some(p)) => format!("{:.2} ({:.2} before)", gib(p), gib(b)),
+        _ => "n/a".into(),
+    };
+    println!(
+        "P-KL forward + backward (∂/∂z and ∂/∂w) on {place}, {} path, {n} rows, V_S = {vs}, \
+         V_T = {vt}, K = {k}, W slots {kw}, row chunk {}, {} logits. Floor = bytes that must \
+         move once over the measured copy bandwidth.\n",
+        match args.path {
+            PathArg::Kernels => "`xt_loss`",
+            PathArg::Portable => "portable `host::loss`",
+        },
+        args.row_chunk,
+        args.dtype.name()
+    );
+    println!(
+        "| dtype | best (ms) | median (ms) | bytes moved (GB) | copy bandwidth (GB/s) | floor (ms) | best / floor | reserved (GiB) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2}× | {} |",
+        args.dtype.name(),
+        best * 1e3,
+        median * 1e3,
+        floor_bytes as f64 / 1e9,
+        bandwidth / 1e9,
+        floor * 1e3,
+        best / floor,
+        peak_text
+    );
+    Ok(())
+}
