@@ -461,3 +461,139 @@ fn out_of_range_teacher_ids_are_refused_on_the_device() {
         "{err}"
     );
 }
+
+/// Teacher entries (ids exactly, log-probabilities and confidence closely) on the device and on
+/// the host, for K below, at and far below the vocabulary, with many ties and −∞ logits.
+#[test]
+fn device_top_k_matches_the_host() {
+    let device = Default::default();
+    for (case_index, (v, k, step)) in [
+        (1237, 300, 0.0),
+        (257, 257, 0.0),
+        (1000, 1, 0.0),
+        (700, 699, 0.5),
+        (513, 64, 0.25),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (b, t) = (2, 9);
+        let n = b * t;
+        let mut logits: Vec<f32> = (0..n * v)
+            .map(|i| {
+                let x = 4.0 * unit(i as u64, 20 + case_index as u64);
+                if step > 0.0 {
+                    (x / step).round() * step // many ties
+                } else {
+                    x
+                }
+            })
+            .collect();
+        logits[3 * v + 5] = f32::NEG_INFINITY;
+        logits[3 * v + 6] = f32::NEG_INFINITY;
+        logits[4 * v + 1] = 40.0;
+        let merge = MergePlan {
+            rows: n,
+            predict_row: (0..n as u32).map(|r| (r % 5 != 2).then_some(r)).collect(),
+            continuation: vec![(2, 7, 1), (7, 3, 6), (9, 0, 6), (12, 1, 11)],
+        };
+        let next: Vec<i32> = (0..n)
+            .map(|r| if r % 4 == 1 { -1 } else { (r * 31 % v) as i32 })
+            .collect();
+        let spec = TeacherSpec {
+            merge,
+            top_k: k,
+            tau: 1.3,
+            row_chunk: 4,
+            next_token: Some(Arc::from(next)),
+        };
+        let run = |on_device: bool| {
+            let data = TensorData::new(logits.clone(), [b, t, v]);
+            if on_device {
+                let z = Tensor::<Wgpu, 3>::from_data(data, &device);
+                let e = <Wgpu>::xt_teacher_entries(z.into_primitive().tensor(), &spec).unwrap();
+                (
+                    Tensor::<Wgpu, 2, Int>::from_primitive(e.ids)
+                        .into_data()
+                        .convert::<i64>()
+                        .to_vec::<i64>()
+                        .unwrap(),
+                    floats::<Wgpu>(flat::<Wgpu, 2>(e.logp)),
+                    e.confidence.unwrap(),
+                )
+            } else {
+                let z = Tensor::<NdArray, 3>::from_data(data, &Default::default());
+                let e = <NdArray>::xt_teacher_entries(z.into_primitive().tensor(), &spec).unwrap();
+                (
+                    Tensor::<NdArray, 2, Int>::from_primitive(e.ids)
+                        .into_data()
+                        .convert::<i64>()
+                        .to_vec::<i64>()
+                        .unwrap(),
+                    floats::<NdArray>(flat::<NdArray, 2>(e.logp)),
+                    e.confidence.unwrap(),
+                )
+            }
+        };
+        let (device_ids, device_logp, device_conf) = run(true);
+        let (host_ids, host_logp, host_conf) = run(false);
+        if let Some(i) = (0..host_ids.len()).find(|&i| device_ids[i] != host_ids[i]) {
+            panic!(
+                "V = {v}, K = {k}: id {i} (slot {}, entry {}): device {:?} vs host {:?}",
+                i / k,
+                i % k,
+                &device_ids[i.saturating_sub(2)..(i + 3).min(k * (i / k + 1))],
+                &host_ids[i.saturating_sub(2)..(i + 3).min(k * (i / k + 1))]
+            );
+        }
+        for (i, (a, b)) in device_logp.iter().zip(&host_logp).enumerate() {
+            assert!(
+                a == b || (a - b).abs() <= 2e-5 * b.abs().max(1.0),
+                "V = {v}, K = {k}: log-probability {i}: device {a} vs host {b}"
+            );
+        }
+        for (a, b) in [
+            (device_conf.neg_cross_entropy, host_conf.neg_cross_entropy),
+            (device_conf.neg_entropy, host_conf.neg_entropy),
+            (device_conf.max_prob, host_conf.max_prob),
+        ] {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "V = {v}: confidence {a} vs {b}"
+            );
+        }
+        assert_eq!(device_conf.positions, host_conf.positions);
+    }
+}
+
+#[test]
+fn a_nan_in_a_teacher_row_is_an_error_naming_it() {
+    let device = Default::default();
+    let (t, v) = (6, 300);
+    let mut logits: Vec<f32> = (0..t * v).map(|i| unit(i as u64, 40)).collect();
+    logits[4 * v + 10] = f32::NAN;
+    let spec = TeacherSpec {
+        merge: MergePlan {
+            rows: t,
+            predict_row: (0..t as u32).map(Some).collect(),
+            continuation: vec![],
+        },
+        top_k: 16,
+        tau: 1.0,
+        row_chunk: 4,
+        next_token: None,
+    };
+    let z = Tensor::<Wgpu, 3>::from_data(TensorData::new(logits, [1, t, v]), &device);
+    let err = <Wgpu>::xt_teacher_entries(z.into_primitive().tensor(), &spec)
+        .expect_err("a NaN teacher logit must fail");
+    assert!(
+        matches!(
+            err,
+            KernelError::NonFinite {
+                side: "teacher",
+                row: 4
+            }
+        ),
+        "{err}"
+    );
+}

@@ -13,7 +13,7 @@ use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_kernels::{
     host, GradRequest, LossSpec, MergePlan, Objective, ProjectionTensors, TeacherEntries,
-    XTokenBackend,
+    TeacherSpec, XTokenBackend,
 };
 
 use crate::models::DtypeArg;
@@ -92,6 +92,8 @@ pub fn run(args: KernelBenchArgs) -> Result<()> {
 }
 
 struct Inputs<B: Backend> {
+    teacher_logits: Tensor<B, 3>,
+    teacher_spec: TeacherSpec,
     logits: Tensor<B, 3>,
     entries: TeacherEntries<B>,
     projection: ProjectionTensors<B>,
@@ -109,6 +111,8 @@ fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Input
         args.slots,
     );
     let logits = Tensor::<B, 3>::random([1, n, vs], Distribution::Normal(0.0, 2.0), device)
+        .cast(args.dtype.dtype());
+    let teacher_logits = Tensor::<B, 3>::random([1, n, vt], Distribution::Normal(0.0, 2.0), device)
         .cast(args.dtype.dtype());
     let step = (vt / k).max(1);
     let ids: Vec<i32> = (0..n * k)
@@ -143,17 +147,27 @@ fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Input
             .into_primitive()
             .tensor(),
     };
+    let merge = MergePlan {
+        rows: n,
+        predict_row: (0..n as u32).map(Some).collect(),
+        continuation: Vec::new(),
+    };
+    let teacher_spec = TeacherSpec {
+        merge: merge.clone(),
+        top_k: k,
+        tau: 1.0,
+        row_chunk: args.row_chunk,
+        next_token: None,
+    };
     let spec = LossSpec {
         objective: Objective::Projected { eps: 1e-10 },
-        merge: MergePlan {
-            rows: n,
-            predict_row: (0..n as u32).map(Some).collect(),
-            continuation: Vec::new(),
-        },
+        merge,
         tau: 1.0,
         row_chunk: args.row_chunk,
     };
     Inputs {
+        teacher_logits,
+        teacher_spec,
         logits,
         entries,
         projection,
@@ -161,9 +175,19 @@ fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Input
     }
 }
 
+/// What one timed run evaluates.
+#[derive(Clone, Copy)]
+enum Op {
+    /// P-KL forward and backward.
+    Loss,
+    /// The teacher's top-K extraction.
+    TopK,
+}
+
 /// One evaluation, waited for.
 fn evaluate<B: XTokenBackend>(
     inputs: &Inputs<B>,
+    op: Op,
     path: PathArg,
     device: &B::Device,
 ) -> Result<f64> {
@@ -171,18 +195,32 @@ fn evaluate<B: XTokenBackend>(
         logits: true,
         weights: true,
     };
-    let logits = inputs.logits.clone().into_primitive().tensor();
-    let projection = Some(inputs.projection.clone());
-    let entries = Some(inputs.entries.clone());
     let start = Instant::now();
-    let out = match path {
-        PathArg::Kernels => B::xt_loss(logits, projection, entries, &inputs.spec, want)?,
-        PathArg::Portable => host::loss::<B>(logits, projection, entries, &inputs.spec, want)?,
-    };
-    B::sync(device)?;
-    let seconds = start.elapsed().as_secs_f64();
-    drop(out);
-    Ok(seconds)
+    match op {
+        Op::Loss => {
+            let logits = inputs.logits.clone().into_primitive().tensor();
+            let projection = Some(inputs.projection.clone());
+            let entries = Some(inputs.entries.clone());
+            let out = match path {
+                PathArg::Kernels => B::xt_loss(logits, projection, entries, &inputs.spec, want)?,
+                PathArg::Portable => {
+                    host::loss::<B>(logits, projection, entries, &inputs.spec, want)?
+                }
+            };
+            B::sync(device)?;
+            drop(out);
+        }
+        Op::TopK => {
+            let logits = inputs.teacher_logits.clone().into_primitive().tensor();
+            let out = match path {
+                PathArg::Kernels => B::xt_teacher_entries(logits, &inputs.teacher_spec)?,
+                PathArg::Portable => host::teacher_entries::<B>(logits, &inputs.teacher_spec)?,
+            };
+            B::sync(device)?;
+            drop(out);
+        }
+    }
+    Ok(start.elapsed().as_secs_f64())
 }
 
 /// Device copy bandwidth in bytes/s: the best of five `y = x · 1` over as many f32 as the
@@ -216,55 +254,63 @@ fn run_on<B: XTokenBackend + DeviceMemory>(args: &KernelBenchArgs, place: &str) 
     let inputs = inputs::<B>(args, &device);
     B::sync(&device)?;
     let before = B::reserved_bytes(&device);
-    evaluate(&inputs, args.path, &device)?;
-    let mut times = Vec::with_capacity(args.runs);
-    for i in 0..args.runs {
-        eprint!("\rrun {}/{}", i + 1, args.runs);
-        times.push(evaluate(&inputs, args.path, &device)?);
-    }
-    eprintln!();
-    let peak = B::reserved_bytes(&device);
-    times.sort_by(f64::total_cmp);
-    let best = times[0];
-    let median = times[times.len() / 2];
     let element = match args.dtype.dtype() {
         DType::F32 => 4,
         _ => 2,
     };
-    // Read the logits, write their gradient; read the teacher's ids and log-probabilities;
-    // read W's ids and weights and write W's gradient.
-    let floor_bytes = 2 * n * vs * element + n * k * 8 + vs * kw * 12;
-    let floor = floor_bytes as f64 / bandwidth;
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let peak_text = match (before, peak) {
-        (Some(b), Some(p)) => format!("{:.2} ({:.2} before)", gib(p), gib(b)),
-        _ => "n/a".into(),
-    };
     println!(
-        "P-KL forward + backward (∂/∂z and ∂/∂w) on {place}, {} path, {n} rows, V_S = {vs}, \
-         V_T = {vt}, K = {k}, W slots {kw}, row chunk {}, {} logits. Floor = bytes that must \
-         move once over the measured copy bandwidth.\n",
+        "On {place}, {} path, {n} rows, V_S = {vs}, V_T = {vt}, K = {k}, W slots {kw}, row chunk \
+         {}, {} logits; copy bandwidth {:.0} GB/s. Floor = bytes that must move once over that \
+         bandwidth.\n",
         match args.path {
-            PathArg::Kernels => "`xt_loss`",
-            PathArg::Portable => "portable `host::loss`",
+            PathArg::Kernels => "`xt_loss` / `xt_teacher_entries`",
+            PathArg::Portable => "portable `host::`",
         },
         args.row_chunk,
-        args.dtype.name()
-    );
-    println!(
-        "| dtype | best (ms) | median (ms) | bytes moved (GB) | copy bandwidth (GB/s) | floor (ms) | best / floor | reserved (GiB) |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    println!(
-        "| {} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2}× | {} |",
         args.dtype.name(),
-        best * 1e3,
-        median * 1e3,
-        floor_bytes as f64 / 1e9,
-        bandwidth / 1e9,
-        floor * 1e3,
-        best / floor,
-        peak_text
+        bandwidth / 1e9
     );
+    println!(
+        "| operation | dtype | best (ms) | median (ms) | bytes moved (GB) | floor (ms) | best / floor | reserved (GiB) |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    // P-KL: read the logits, write their gradient; read the teacher's ids and
+    // log-probabilities; read W's ids and weights and write W's gradient. Top-K: read the
+    // teacher's logits, write K ids and log-probabilities per row.
+    let operations = [
+        (
+            Op::Loss,
+            "P-KL forward + backward",
+            2 * n * vs * element + n * k * 8 + vs * kw * 12,
+        ),
+        (Op::TopK, "teacher top-K", n * vt * element + n * k * 8),
+    ];
+    for (op, name, floor_bytes) in operations {
+        eprintln!("{name}");
+        evaluate(&inputs, op, args.path, &device)?;
+        let mut times = Vec::with_capacity(args.runs);
+        for i in 0..args.runs {
+            eprint!("\rrun {}/{}", i + 1, args.runs);
+            times.push(evaluate(&inputs, op, args.path, &device)?);
+        }
+        eprintln!();
+        times.sort_by(f64::total_cmp);
+        let (best, median) = (times[0], times[times.len() / 2]);
+        let floor = floor_bytes as f64 / bandwidth;
+        let peak = match (before, B::reserved_bytes(&device)) {
+            (Some(b), Some(p)) => format!("{:.2} ({:.2} before)", gib(p), gib(b)),
+            _ => "n/a".into(),
+        };
+        println!(
+            "| {name} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× | {peak} |",
+            args.dtype.name(),
+            best * 1e3,
+            median * 1e3,
+            floor_bytes as f64 / 1e9,
+            floor * 1e3,
+            best / floor,
+        );
+    }
     Ok(())
 }

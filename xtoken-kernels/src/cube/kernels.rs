@@ -560,3 +560,301 @@ pub fn scaled_sum<F: Float>(
         out[0] = F::cast_from(total * scale);
     }
 }
+
+/// `out[i] = value` (a runtime value: WGSL has no literal for −∞).
+#[cube(launch_unchecked)]
+pub fn fill(out: &mut Array<f32>, value: f32, n: usize) {
+    if ABSOLUTE_POS < n {
+        out[ABSOLUTE_POS] = value;
+    }
+}
+
+/// A float's bits as an unsigned key with the same order as `f32::total_cmp`.
+#[cube]
+fn order_key(x: f32) -> u32 {
+    let bits = u32::reinterpret(x);
+    let mut key = bits | 0x8000_0000u32;
+    if bits >= 0x8000_0000u32 {
+        key = !bits;
+    }
+    key
+}
+
+/// Compare-exchange of entries `a < b` of one slot's list: the better (larger value, then
+/// smaller id) goes first. Entries at `k` and beyond do not exist (they count as worst).
+#[cube]
+fn keep_better_first(
+    ids: &mut Array<i32>,
+    values: &mut Array<f32>,
+    out: usize,
+    a: usize,
+    b: usize,
+    k: usize,
+) {
+    if b < k {
+        let (va, vb) = (values[out + a], values[out + b]);
+        let (ia, ib) = (ids[out + a], ids[out + b]);
+        // By key, not by float comparison: −0 ranks below +0, as in `total_cmp`.
+        let (ka, kb) = (order_key(va), order_key(vb));
+        if ka < kb || (ka == kb && ia > ib) {
+            values[out + a] = vb;
+            values[out + b] = va;
+            ids[out + a] = ib;
+            ids[out + b] = ia;
+        }
+    }
+}
+
+/// The teacher's top-K of one compared slot per cube, best first (larger logit, then smaller
+/// id, as the host orders them), with merged log-probabilities `z·t − lse + σ`.
+///
+/// 1. Radix select, 8 passes of 4 bits from the top of the order key: per-unit histograms in
+///    shared memory (no atomics), summed per bin, give the K-th largest key and how many
+///    entries equal to it are kept (the smallest ids among ties).
+/// 2. Compaction in id order: each unit owns a contiguous segment; a scan of the per-unit
+///    counts gives every kept entry its place.
+/// 3. A bitonic sort of the K entries in place (compare-exchanges between `sync_storage`
+///    barriers; `n2` is K rounded up to a power of two).
+// Kernels have no `usize::div_ceil`.
+#[allow(clippy::manual_div_ceil)]
+#[cube(launch_unchecked)]
+pub fn top_k<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    sigma: &Array<f32>,
+    valid_slot: &Array<i32>,
+    valid_row: &Array<i32>,
+    ids: &mut Array<i32>,
+    values: &mut Array<f32>,
+    valid: usize,
+    v: usize,
+    k: usize,
+    n2: usize,
+    t: f32,
+    #[comptime] block: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let i = CUBE_POS;
+    if i >= valid {
+        terminate!();
+    }
+    let tid = UNIT_POS as usize;
+    let row = usize::cast_from(valid_row[i]);
+    let slot = usize::cast_from(valid_slot[i]);
+    let base = row * v;
+    let out = slot * k;
+    let segment = (v + block - 1) / block;
+    let mut lo = tid * segment;
+    if lo > v {
+        lo = v;
+    }
+    let mut hi = lo + segment;
+    if hi > v {
+        hi = v;
+    }
+
+    let mut hist = SharedMemory::<u32>::new(block * 16usize);
+    let mut totals = SharedMemory::<u32>::new(16usize);
+    let mut state = SharedMemory::<u32>::new(2usize);
+    let mut prefix = 0u32;
+    let mut mask = 0u32;
+    let mut remaining = u32::cast_from(k);
+    for pass in 0..8usize {
+        let shift = u32::cast_from(28 - 4 * pass);
+        for d in 0..16usize {
+            hist[tid * 16 + d] = 0u32;
+        }
+        let mut x = lo;
+        while x < hi {
+            let key = order_key(f32::cast_from(z[base + x]));
+            if (key & mask) == prefix {
+                let d = usize::cast_from((key >> shift) & 15u32);
+                hist[tid * 16 + d] += 1u32;
+            }
+            x += 1;
+        }
+        sync_cube();
+        if tid < 16 {
+            let mut total = 0u32;
+            for u in 0..block {
+                total += hist[u * 16 + tid];
+            }
+            totals[tid] = total;
+        }
+        sync_cube();
+        if tid == 0 {
+            // Exactly one bin holds the K-th largest: the one where the count of larger
+            // keys first reaches `remaining`.
+            let mut rest = remaining;
+            let mut chosen = 0u32;
+            let mut larger = 0u32;
+            for b in 0..16usize {
+                let bin = 15usize - b;
+                let count = totals[bin];
+                if larger < remaining && larger + count >= remaining {
+                    chosen = u32::cast_from(bin);
+                    rest = remaining - larger;
+                }
+                larger += count;
+            }
+            state[0usize] = chosen;
+            state[1usize] = rest;
+        }
+        sync_cube();
+        prefix |= state[0usize] << shift;
+        mask |= 15u32 << shift;
+        remaining = state[1usize];
+        sync_cube();
+    }
+
+    // `prefix` is now the K-th largest key; `remaining` entries equal to it are kept.
+    let mut above_count = SharedMemory::<u32>::new(block);
+    let mut equal_count = SharedMemory::<u32>::new(block);
+    let mut above = 0u32;
+    let mut equal = 0u32;
+    let mut x = lo;
+    while x < hi {
+        let key = order_key(f32::cast_from(z[base + x]));
+        if key > prefix {
+            above += 1u32;
+        } else if key == prefix {
+            equal += 1u32;
+        }
+        x += 1;
+    }
+    above_count[tid] = above;
+    equal_count[tid] = equal;
+    sync_cube();
+    if tid == 0 {
+        let mut sum_above = 0u32;
+        let mut sum_equal = 0u32;
+        for u in 0..block {
+            let (a, e) = (above_count[u], equal_count[u]);
+            above_count[u] = sum_above;
+            equal_count[u] = sum_equal;
+            sum_above += a;
+            sum_equal += e;
+        }
+    }
+    sync_cube();
+    let first_tie = u32::cast_from(k) - remaining;
+    let mut at_above = above_count[tid];
+    let mut at_equal = equal_count[tid];
+    let mut x = lo;
+    while x < hi {
+        let value = f32::cast_from(z[base + x]);
+        let key = order_key(value);
+        if key > prefix {
+            ids[out + usize::cast_from(at_above)] = i32::cast_from(x);
+            values[out + usize::cast_from(at_above)] = value;
+            at_above += 1u32;
+        } else if key == prefix {
+            if at_equal < remaining {
+                let at = usize::cast_from(first_tie + at_equal);
+                ids[out + at] = i32::cast_from(x);
+                values[out + at] = value;
+            }
+            at_equal += 1u32;
+        }
+        x += 1;
+    }
+    sync_storage();
+    sync_cube();
+
+    let pairs = n2 / 2;
+    let mut size = 2usize;
+    while size <= n2 {
+        let half = size / 2;
+        let mut p = tid;
+        while p < pairs {
+            let start = (p / half) * size;
+            let offset = p % half;
+            keep_better_first(
+                ids,
+                values,
+                out,
+                start + offset,
+                start + size - 1 - offset,
+                k,
+            );
+            p += block;
+        }
+        sync_storage();
+        sync_cube();
+        let mut d = half / 2;
+        while d > 0 {
+            let mut p = tid;
+            while p < pairs {
+                let a = (p / d) * 2 * d + p % d;
+                keep_better_first(ids, values, out, a, a + d, k);
+                p += block;
+            }
+            sync_storage();
+            sync_cube();
+            d /= 2;
+        }
+        size *= 2;
+    }
+
+    let shift = sigma[slot] - lse[row];
+    let mut j = tid;
+    while j < k {
+        values[out + j] = values[out + j] * t + shift;
+        j += block;
+    }
+}
+
+/// Per row with an observed next token `y` (one cube each), on the untempered distribution:
+/// `stats[3i..3i+3] = (log p[y], Σ p log p, max p)`.
+#[cube(launch_unchecked)]
+pub fn confidence_rows<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    rows: &Array<i32>,
+    targets: &Array<i32>,
+    stats: &mut Array<f32>,
+    count: usize,
+    v: usize,
+    #[comptime] block: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let i = CUBE_POS;
+    if i >= count {
+        terminate!();
+    }
+    let row = usize::cast_from(rows[i]);
+    let l = lse[row];
+    let mut plogp = 0.0f32;
+    let mut best = f32::new(f32::MIN);
+    let mut c = UNIT_POS as usize;
+    while c < v {
+        let x = f32::cast_from(z[row * v + c]) - l;
+        let p = x.exp();
+        if p > 0.0f32 {
+            plogp += p * x;
+        }
+        if x > best {
+            best = x;
+        }
+        c += block;
+    }
+    let total = block_sum(plogp, block);
+    let mut shared = SharedMemory::<f32>::new(block);
+    shared[UNIT_POS as usize] = best;
+    sync_cube();
+    let mut stride = (CUBE_DIM / 2) as usize;
+    while stride > 0 {
+        let tid = UNIT_POS as usize;
+        if tid < stride && shared[tid + stride] > shared[tid] {
+            shared[tid] = shared[tid + stride];
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    if UNIT_POS == 0 {
+        let y = usize::cast_from(targets[i]);
+        stats[3 * i] = f32::cast_from(z[row * v + y]) - l;
+        stats[3 * i + 1] = total;
+        stats[3 * i + 2] = shared[0].exp();
+    }
+}

@@ -34,7 +34,7 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::error::KernelError;
-use crate::spec::{GradRequest, LossSpec, MergePlan, Objective};
+use crate::spec::{Confidence, GradRequest, LossSpec, MergePlan, Objective, TeacherSpec};
 use crate::{host, LossOutput, ProjectionTensors, TeacherEntries, XTokenBackend};
 
 pub use kernels::BLOCK;
@@ -42,6 +42,13 @@ pub use kernels::BLOCK;
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> XTokenBackend
     for CubeBackend<R, F, I, BT>
 {
+    fn xt_teacher_entries(
+        logits: FloatTensor<Self>,
+        spec: &TeacherSpec,
+    ) -> Result<TeacherEntries<Self>, KernelError> {
+        teacher_entries::<Self, R>(logits, spec)
+    }
+
     fn xt_loss(
         logits: FloatTensor<Self>,
         projection: Option<ProjectionTensors<Self>>,
@@ -365,23 +372,33 @@ fn scaled_sum<R: CubeRuntime>(
     value
 }
 
-/// Reads the rows' flags, then the loss (two small reads): a row the loss reads that holds NaN,
-/// +∞ or only −∞ is an error naming it, and so is a non-finite value.
+/// Reads the rows' flags (one small read): a row that holds NaN, +∞ or only −∞ among those
+/// listed is an error naming it.
+fn check_rows<B: Cube<R>, R: CubeRuntime>(
+    bad: CubeTensor<R>,
+    rows: impl Iterator<Item = u32>,
+    side: &'static str,
+) -> Result<(), KernelError> {
+    let flags = read_i64::<B, R>(bad, "row flags")?;
+    for row in rows {
+        if flags.get(row as usize).is_some_and(|&f| f != 0) {
+            return Err(KernelError::NonFinite {
+                side,
+                row: row as usize,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the rows the loss read, then that the loss is finite (two small reads).
 fn finish<B: Cube<R>, R: CubeRuntime>(
     output: LossOutput<B>,
     bad: CubeTensor<R>,
     rows: impl Iterator<Item = u32>,
     objective: &'static str,
 ) -> Result<LossOutput<B>, KernelError> {
-    let flags = read_i64::<B, R>(bad, "row flags")?;
-    for row in rows {
-        if flags.get(row as usize).is_some_and(|&f| f != 0) {
-            return Err(KernelError::NonFinite {
-                side: "student",
-                row: row as usize,
-            });
-        }
-    }
+    check_rows::<B, R>(bad, rows, "student")?;
     let value = read_f32::<B, R>(output.value.clone())?[0];
     if value.is_finite() {
         Ok(output)
@@ -391,6 +408,196 @@ fn finish<B: Cube<R>, R: CubeRuntime>(
             value: value as f64,
         })
     }
+}
+
+/// The chunk merge: `σ` per slot.
+fn merge_shifts<R: CubeRuntime>(
+    launcher: &Launcher<R>,
+    z: &CubeTensor<R>,
+    lse: &CubeTensor<R>,
+    plan: &PlanArrays<R>,
+    (slots, v, tau_inv): (usize, usize, f32),
+) -> CubeTensor<R> {
+    let sigma = launcher.zeros(slots, DType::F32);
+    let (count, dim) = launcher.elementwise(slots);
+    unsafe {
+        kernels::merge_shift::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            z.clone().into_array_arg(),
+            lse.clone().into_array_arg(),
+            plan.slot_start.clone().into_array_arg(),
+            plan.term_row.clone().into_array_arg(),
+            plan.term_token.clone().into_array_arg(),
+            sigma.clone().into_array_arg(),
+            slots,
+            v,
+            tau_inv,
+            float_dtype(z),
+        );
+    }
+    sigma
+}
+
+/// The `(row, token)` pairs of the observed next tokens (`-1`: none), checked.
+fn next_token_rows(next: &[i32], n: usize, v: usize) -> Result<Vec<(i32, i32)>, KernelError> {
+    if next.len() != n {
+        return Err(KernelError::Shape {
+            what: "teacher next tokens",
+            expected: format!("{n} entries"),
+            found: format!("{}", next.len()),
+        });
+    }
+    if let Some(&y) = next.iter().find(|&&y| y >= v as i32) {
+        return Err(KernelError::IndexOutOfRange {
+            what: "teacher next tokens",
+            field: "token",
+            index: y as i64,
+            size: v,
+        });
+    }
+    Ok(next
+        .iter()
+        .enumerate()
+        .filter(|(_, &y)| y >= 0)
+        .map(|(row, &y)| (row as i32, y))
+        .collect())
+}
+
+/// The teacher's targets on the device: per compared slot its top-K ids (best first) and merged
+/// log-probabilities, and on request the confidence statistics.
+fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
+    logits: CubeTensor<R>,
+    spec: &TeacherSpec,
+) -> Result<TeacherEntries<B>, KernelError> {
+    check_tau(spec.tau)?;
+    let z = into_contiguous(logits);
+    let shape = shape_of(&z);
+    let &[b, t, v] = shape.as_slice() else {
+        return Err(KernelError::Shape {
+            what: "teacher logits",
+            expected: "[B, T, V]".into(),
+            found: format!("{shape:?}"),
+        });
+    };
+    let n = b * t;
+    spec.merge.check("teacher", n, v)?;
+    let slots = spec.merge.slots();
+    if slots == 0 || v == 0 {
+        return host::teacher_entries::<B>(z, spec);
+    }
+    let k = spec.top_k.min(v).max(1);
+    let next = match &spec.next_token {
+        None => None,
+        Some(next) => Some(next_token_rows(next, n, v)?),
+    };
+    let launcher = Launcher::of(&z);
+    let tau_inv = 1.0 / spec.tau;
+    let plan = PlanArrays::new(&spec.merge, &launcher);
+    let RowLse { lse, bad } = row_lse(&launcher, &z, n, v, tau_inv);
+    let sigma = merge_shifts(&launcher, &z, &lse, &plan, (slots, v, tau_inv));
+    let ids = zeros_client(
+        launcher.client.clone(),
+        launcher.device.clone(),
+        Shape::new([slots, k]),
+        DType::I32,
+    );
+    let logp = launcher.empty(Shape::new([slots, k]), DType::F32);
+    let (count, dim) = launcher.elementwise(slots * k);
+    unsafe {
+        kernels::fill::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            logp.clone().into_array_arg(),
+            f32::NEG_INFINITY,
+            slots * k,
+        );
+    }
+    let (count, dim) = launcher.per_item(plan.valid);
+    unsafe {
+        kernels::top_k::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            z.clone().into_array_arg(),
+            lse.clone().into_array_arg(),
+            sigma.clone().into_array_arg(),
+            plan.valid_slot.clone().into_array_arg(),
+            plan.valid_row.clone().into_array_arg(),
+            ids.clone().into_array_arg(),
+            logp.clone().into_array_arg(),
+            plan.valid,
+            v,
+            k,
+            k.next_power_of_two(),
+            tau_inv,
+            BLOCK,
+            float_dtype(&z),
+        );
+    }
+    let mut read: Vec<u32> = spec.merge.predict_row.iter().flatten().copied().collect();
+    read.extend(spec.merge.continuation.iter().map(|&(row, _, _)| row));
+    check_rows::<B, R>(bad, read.into_iter(), "teacher")?;
+    let confidence = match next {
+        None => None,
+        Some(rows) => Some(confidence::<B, R>(&launcher, &z, &rows, (n, v))?),
+    };
+    Ok(TeacherEntries {
+        ids,
+        logp,
+        k,
+        vocab: v,
+        confidence,
+    })
+}
+
+/// Batch means of `log p[y]`, `Σ p log p` and `max p` (untempered) over the `(row, y)` pairs.
+fn confidence<B: Cube<R>, R: CubeRuntime>(
+    launcher: &Launcher<R>,
+    z: &CubeTensor<R>,
+    rows: &[(i32, i32)],
+    (n, v): (usize, usize),
+) -> Result<Confidence, KernelError> {
+    if rows.is_empty() {
+        return Ok(Confidence::default());
+    }
+    let RowLse { lse, bad } = row_lse(launcher, z, n, v, 1.0);
+    let (row_ids, targets): (Vec<i32>, Vec<i32>) = rows.iter().copied().unzip();
+    let stats = launcher.zeros(3 * rows.len(), DType::F32);
+    let (count, dim) = launcher.per_item(rows.len());
+    unsafe {
+        kernels::confidence_rows::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            z.clone().into_array_arg(),
+            lse.clone().into_array_arg(),
+            launcher.ints(&row_ids).into_array_arg(),
+            launcher.ints(&targets).into_array_arg(),
+            stats.clone().into_array_arg(),
+            rows.len(),
+            v,
+            BLOCK,
+            float_dtype(z),
+        );
+    }
+    check_rows::<B, R>(bad, row_ids.iter().map(|&r| r as u32), "teacher")?;
+    let stats = read_f32::<B, R>(stats)?;
+    let mut sums = [0.0f64; 3];
+    for row in stats.chunks_exact(3) {
+        for (sum, &x) in sums.iter_mut().zip(row) {
+            *sum += x as f64;
+        }
+    }
+    let count = rows.len() as f64;
+    Ok(Confidence {
+        neg_cross_entropy: sums[0] / count,
+        neg_entropy: sums[1] / count,
+        max_prob: sums[2] / count,
+        positions: rows.len(),
+    })
 }
 
 /// Mean next-token cross-entropy.
@@ -550,25 +757,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
     let dtype = float_dtype(&z);
 
     let RowLse { lse, bad } = row_lse(&launcher, &z, n, v, tau_inv);
-    let sigma = launcher.zeros(slots, DType::F32);
-    let (count, dim) = launcher.elementwise(slots);
-    unsafe {
-        kernels::merge_shift::launch_unchecked::<R>(
-            &launcher.client,
-            count,
-            dim,
-            z.clone().into_array_arg(),
-            lse.clone().into_array_arg(),
-            plan.slot_start.clone().into_array_arg(),
-            plan.term_row.clone().into_array_arg(),
-            plan.term_token.clone().into_array_arg(),
-            sigma.clone().into_array_arg(),
-            slots,
-            v,
-            tau_inv,
-            dtype,
-        );
-    }
+    let sigma = merge_shifts(&launcher, &z, &lse, &plan, (slots, v, tau_inv));
     let loss = launcher.zeros(plan.valid, DType::F32);
     let dsigma = launcher.zeros(slots, DType::F32);
     let grad = want
