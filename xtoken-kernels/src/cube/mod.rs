@@ -1,6 +1,9 @@
-//! [`XTokenBackend`] for burn's `CubeBackend` (wgpu, CUDA, any cubecl runtime): the student side
-//! of KL, P-KL and cross-entropy runs in cubecl kernels ([`kernels`]), on the logits where they
-//! lie, in their own float type.
+//! [`XTokenBackend`] for burn's `CubeBackend` (wgpu, CUDA, any cubecl runtime): the teacher's
+//! top-K extraction and the student side of KL, P-KL and cross-entropy run in cubecl kernels
+//! ([`kernels`]), on the logits where they lie, in their own float type.
+//!
+//! The teacher's entries: `row_lse`, `merge_shift`, then `top_k` (radix select, compaction,
+//! bitonic sort) per compared slot, and `confidence_rows` on request.
 //!
 //! One distillation evaluation is a fixed sequence of launches, all deterministic:
 //!
@@ -16,9 +19,10 @@
 //! 5. `scaled_sum`: the loss.
 //!
 //! The host does what is O(slots) or O(|W|): it checks the plan, lays it out as CSR arrays, and
-//! transposes W's indices (a counting sort). The hybrid objectives (ULD, GOLD, H-KL) sort each
-//! student row's uncommon probabilities; they, and the teacher's top-K extraction, still take
-//! the portable path ([`crate::host`]), one row chunk at a time through host memory.
+//! transposes W's indices (a counting sort); it reads back per-row flags and the loss value to
+//! report non-finite rows by name. The hybrid objectives (ULD, GOLD, H-KL) sort each student
+//! row's uncommon probabilities; they still take the portable path ([`crate::host`]), one row
+//! chunk at a time through host memory.
 
 mod kernels;
 
