@@ -554,14 +554,14 @@ struct RowCtx<'a> {
 }
 
 /// W transposed: per teacher id, the flat slots `s · K_w + k` that point to it.
-struct Columns {
-    start: Vec<u32>,
-    slots: Vec<u32>,
+pub(crate) struct Columns {
+    pub(crate) start: Vec<u32>,
+    pub(crate) slots: Vec<u32>,
 }
 
 impl Columns {
     /// A counting sort of the slots by teacher id.
-    fn new(indices: &[i64], teacher_vocab: usize) -> Self {
+    pub(crate) fn new(indices: &[i64], teacher_vocab: usize) -> Self {
         let mut start = vec![0u32; teacher_vocab + 1];
         for &t in indices.iter().filter(|&&t| t >= 0) {
             start[t as usize + 1] += 1;
@@ -1140,7 +1140,7 @@ fn cross_entropy<S: RowSource>(
     Ok(total * inv)
 }
 
-fn check_tau(tau: f32) -> Result<(), KernelError> {
+pub(crate) fn check_tau(tau: f32) -> Result<(), KernelError> {
     if tau.is_finite() && tau > 0.0 {
         Ok(())
     } else {

@@ -38,6 +38,7 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::error::KernelError;
+use crate::host::{check_tau, Columns};
 use crate::spec::{Confidence, GradRequest, LossSpec, MergePlan, Objective, TeacherSpec};
 use crate::{host, LossOutput, ProjectionTensors, TeacherEntries, XTokenBackend};
 
@@ -208,17 +209,6 @@ fn shape_of(t: &CubeTensor<impl CubeRuntime>) -> Vec<usize> {
     t.meta.shape().to_vec()
 }
 
-fn check_tau(tau: f32) -> Result<(), KernelError> {
-    if tau.is_finite() && tau > 0.0 {
-        Ok(())
-    } else {
-        Err(KernelError::Invalid {
-            what: "temperature",
-            why: format!("τ = {tau}; it must be a positive finite number"),
-        })
-    }
-}
-
 /// The merge plan as CSR arrays: continuation terms by slot (for `σ`) and by row (for their
 /// gradient), the compared slots, and the rows nothing reads.
 struct PlanArrays<R: CubeRuntime> {
@@ -295,26 +285,6 @@ impl<R: CubeRuntime> PlanArrays<R> {
             idle_rows: launcher.ints(&idle_rows),
         }
     }
-}
-
-/// W's indices transposed, per teacher id the flat entries `s · K_w + k` that point to it.
-fn columns(indices: &[i64], teacher_vocab: usize) -> (Vec<i32>, Vec<i32>) {
-    let mut start = vec![0i32; teacher_vocab + 1];
-    for &t in indices.iter().filter(|&&t| t >= 0) {
-        start[t as usize + 1] += 1;
-    }
-    for t in 0..teacher_vocab {
-        start[t + 1] += start[t];
-    }
-    let mut fill = start.clone();
-    let mut entries = vec![0i32; start[teacher_vocab] as usize];
-    for (entry, &t) in indices.iter().enumerate() {
-        if t >= 0 {
-            entries[fill[t as usize] as usize] = entry as i32;
-            fill[t as usize] += 1;
-        }
-    }
-    (start, entries)
 }
 
 /// Row log-sum-exps of `[rows, v]` logits, tempered by `t`, with each row's non-finite flag.
@@ -879,9 +849,10 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
             }
             let weights_dtype = w.weights.dtype;
             let weights = as_f32::<B, R>(w.weights);
-            let (start, entries) = columns(&host_indices, vt);
-            let column_start = launcher.ints(&start);
-            let column_entries = launcher.ints(&entries);
+            let columns = Columns::new(&host_indices, vt);
+            let signed = |v: &[u32]| v.iter().map(|&x| x as i32).collect::<Vec<i32>>();
+            let column_start = launcher.ints(&signed(&columns.start));
+            let column_entries = launcher.ints(&signed(&columns.slots));
             let chunk = spec.row_chunk.max(1).min(plan.valid.max(1));
             let scattered = launcher.zeros(chunk * vt, DType::F32);
             let terms = launcher.zeros(chunk * k, DType::F32);
