@@ -20,6 +20,8 @@
 #[cfg(feature = "cube")]
 pub mod cube;
 pub mod error;
+#[cfg(feature = "fusion")]
+mod fusion;
 pub mod host;
 pub mod memory;
 pub mod spec;

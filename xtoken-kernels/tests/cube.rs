@@ -597,3 +597,10 @@ fn a_nan_in_a_teacher_row_is_an_error_naming_it() {
         "{err}"
     );
 }
+
+/// With the `fusion` feature this file tests burn's fused backend, `Fusion<CubeBackend>`.
+#[cfg(feature = "fusion")]
+#[test]
+fn the_fusion_build_tests_the_fused_backend() {
+    assert!(std::any::type_name::<Wgpu>().contains("Fusion"));
+}

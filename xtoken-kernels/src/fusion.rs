@@ -1,0 +1,102 @@
+//! [`XTokenBackend`] for burn's `Fusion<B>`, which is what `Wgpu` and `Cuda` are when burn's
+//! `fusion` feature is on (its default). The operations are not fused: their inputs are resolved
+//! to the inner backend's tensors (this drains the fusion stream, on the device), `B` runs its
+//! kernels, and the results are registered back as fusion tensors. Errors surface at the call,
+//! as on `B`.
+
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::TensorMetadata;
+use burn_fusion::client::GlobalFusionClient;
+use burn_fusion::stream::OperationStreams;
+use burn_fusion::{Fusion, FusionBackend, NoOp};
+use burn_ir::{InitOperationIr, OperationIr, OperationOutput};
+
+use crate::{
+    GradRequest, KernelError, LossOutput, LossSpec, ProjectionTensors, TeacherEntries, TeacherSpec,
+    XTokenBackend,
+};
+
+type Client<B> = GlobalFusionClient<<B as FusionBackend>::FusionRuntime>;
+
+fn inner_float<B: FusionBackend>(t: FloatTensor<Fusion<B>>) -> FloatTensor<B> {
+    t.client.clone().resolve_tensor_float::<B>(t)
+}
+
+fn inner_int<B: FusionBackend>(t: IntTensor<Fusion<B>>) -> IntTensor<B> {
+    t.client.clone().resolve_tensor_int::<B>(t)
+}
+
+/// Registers an inner tensor with the fusion client, as `float_from_data` does.
+fn outer<B: FusionBackend>(
+    client: &Client<B>,
+    shape: burn::tensor::Shape,
+    dtype: burn::tensor::DType,
+    handle: B::Handle,
+) -> burn_fusion::FusionTensor<B::FusionRuntime> {
+    let desc = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
+    client
+        .register(
+            OperationStreams::default(),
+            OperationIr::Init(desc),
+            NoOp::<B>::new(),
+        )
+        .output()
+}
+
+fn outer_float<B: FusionBackend>(client: &Client<B>, t: FloatTensor<B>) -> FloatTensor<Fusion<B>> {
+    let (shape, dtype) = (t.shape(), t.dtype());
+    outer::<B>(client, shape, dtype, B::float_tensor_handle(t))
+}
+
+fn outer_int<B: FusionBackend>(client: &Client<B>, t: IntTensor<B>) -> IntTensor<Fusion<B>> {
+    let (shape, dtype) = (t.shape(), t.dtype());
+    outer::<B>(client, shape, dtype, B::int_tensor_handle(t))
+}
+
+fn inner_entries<B: FusionBackend>(e: TeacherEntries<Fusion<B>>) -> TeacherEntries<B> {
+    TeacherEntries {
+        ids: inner_int::<B>(e.ids),
+        logp: inner_float::<B>(e.logp),
+        k: e.k,
+        vocab: e.vocab,
+        confidence: e.confidence,
+    }
+}
+
+impl<B: FusionBackend + XTokenBackend> XTokenBackend for Fusion<B> {
+    fn xt_teacher_entries(
+        logits: FloatTensor<Self>,
+        spec: &TeacherSpec,
+    ) -> Result<TeacherEntries<Self>, KernelError> {
+        let client = logits.client.clone();
+        let found = B::xt_teacher_entries(inner_float::<B>(logits), spec)?;
+        Ok(TeacherEntries {
+            ids: outer_int::<B>(&client, found.ids),
+            logp: outer_float::<B>(&client, found.logp),
+            k: found.k,
+            vocab: found.vocab,
+            confidence: found.confidence,
+        })
+    }
+
+    fn xt_loss(
+        logits: FloatTensor<Self>,
+        projection: Option<ProjectionTensors<Self>>,
+        teacher: Option<TeacherEntries<Self>>,
+        spec: &LossSpec,
+        want: GradRequest,
+    ) -> Result<LossOutput<Self>, KernelError> {
+        let client = logits.client.clone();
+        let projection = projection.map(|w| ProjectionTensors {
+            indices: inner_int::<B>(w.indices),
+            weights: inner_float::<B>(w.weights),
+        });
+        let teacher = teacher.map(inner_entries::<B>);
+        let out = B::xt_loss(inner_float::<B>(logits), projection, teacher, spec, want)?;
+        Ok(LossOutput {
+            value: outer_float::<B>(&client, out.value),
+            grad_logits: out.grad_logits.map(|g| outer_float::<B>(&client, g)),
+            grad_weights: out.grad_weights.map(|g| outer_float::<B>(&client, g)),
+        })
+    }
+}
