@@ -2,6 +2,9 @@
 //! (f32/f16/bf16, chosen at launch); everything is computed and reduced in f32. Int arrays
 //! (token ids, rows, W's indices, the merge plan) are i32.
 //!
+//! Every kernel takes its address width at launch (`address_type = "dynamic"`): 64-bit when a
+//! buffer holds more than 2³² elements (a batch of 32k rows × 152k teacher logits does).
+//!
 //! No float atomics anywhere: reductions are fixed-order trees in shared memory, and the
 //! projection's backward reads W through its transposed (per teacher id) layout or through a
 //! scattered per-slot buffer, so a run is bit-reproducible on one device.
@@ -20,7 +23,7 @@ pub const BLOCK: usize = 256;
 /// yet"; a finite logit is always above it.
 // The negated comparisons are the NaN tests (a kernel has no `partial_cmp`).
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn row_lse<F: Float>(
     z: &Array<F>,
     lse: &mut Array<f32>,
@@ -90,7 +93,7 @@ pub fn row_lse<F: Float>(
 /// The chunk merge: per slot, `σ = Σ (z[row, token]·t − lse[row])` over its continuation terms
 /// (`start` is the slots' CSR offsets into `rows`/`tokens`). One unit per slot, summing in
 /// term order.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn merge_shift<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,
@@ -140,7 +143,7 @@ fn block_sum(partial: f32, #[comptime] block: usize) -> f32 {
 /// The fused top-K KL of one compared slot per cube: over the teacher's kept entries `(id, lq)`,
 /// `loss[i] = Σ q (lq − lp̂_S[id])` with `lp̂_S = z·t − lse + σ` read straight from the logit row,
 /// and `dsigma[slot] = Σh = −Σ q`.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn kl_slots<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,
@@ -190,7 +193,7 @@ pub fn kl_slots<F: Float>(
 /// KL's sparse gradient term on the predicting rows: `grad[row, id] += c·h = −c·q` at each kept
 /// entry. Kept ids are distinct within a slot and rows predict one slot each, so no two units
 /// write one element.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn kl_grad_sparse<F: Float>(
     grad: &mut Array<F>,
     valid_slot: &Array<i32>,
@@ -222,7 +225,7 @@ pub fn kl_grad_sparse<F: Float>(
 /// `p̃ = e^σ Σ_{e ∈ col(id)} w[e] · p[row, e / kw]`; writes the loss term `q (lq − ln(p̃ + ε))`,
 /// `g = −q / (p̃ + ε)` into the chunk's dense `[count, V_T]` buffer at the id (zero elsewhere),
 /// and `g · p̃` (its share of `Σh`).
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn pkl_entries<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,
@@ -282,7 +285,7 @@ pub fn pkl_entries<F: Float>(
 
 /// Per compared slot of a chunk (one cube each): sums its entries' loss terms into
 /// `loss[first + local]` and their `g · p̃` into `dsigma[slot]`.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn slot_sums(
     terms: &Array<f32>,
     sigma_terms: &Array<f32>,
@@ -319,7 +322,7 @@ pub fn slot_sums(
 /// `projected`, `h_s = e^σ p_s Σ_k w[s, k] · g[idx[s, k]]` gathers the chunk's scattered `g`
 /// (P-KL's backward through W, in W's own row layout); without it `h` is zero here and KL adds
 /// its sparse part afterwards.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn predicting_grad<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,
@@ -366,7 +369,7 @@ pub fn predicting_grad<F: Float>(
 
 /// P-KL's gradient to W's values, one unit per entry `(s, k)`, summing the chunk's slots in
 /// order: `gw[s, k] += scale Σ_i e^σ_i p_i[s] g_i[idx[s, k]]`.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn pkl_grad_weights<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,
@@ -409,7 +412,7 @@ pub fn pkl_grad_weights<F: Float>(
 
 /// Clears the chunk's scattered buffer where `pkl_entries` wrote, so it is all zero for the
 /// next chunk without a full fill.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn clear_scattered(
     scattered: &mut Array<f32>,
     valid_slot: &Array<i32>,
@@ -431,7 +434,7 @@ pub fn clear_scattered(
 
 /// The continuation rows' gradient, added: `grad[row, x] += c (Σ_terms [x = token] Σh_slot −
 /// p_x Σ_terms Σh_slot)`. `start` gives each listed row's CSR range of `(token, slot)` terms.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn continuation_grad<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,
@@ -471,7 +474,7 @@ pub fn continuation_grad<F: Float>(
 }
 
 /// Zeroes whole rows (listed) of a `[rows, v]` array: the rows no slot reads.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn zero_rows<F: Float>(
     grad: &mut Array<F>,
     rows: &Array<i32>,
@@ -489,7 +492,7 @@ pub fn zero_rows<F: Float>(
 /// Next-token cross-entropy per row (`targets[row] < 0`: skipped): the loss term
 /// `lse − z[y]` and, with `with_grad`, the whole gradient row `(p − e_y) · inv` (0 on skipped
 /// rows).
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn cross_entropy_grad<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,
@@ -517,7 +520,7 @@ pub fn cross_entropy_grad<F: Float>(
 }
 
 /// Per row, the cross-entropy term `lse − z[y]` (0 on skipped rows).
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn cross_entropy_terms<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,
@@ -540,7 +543,7 @@ pub fn cross_entropy_terms<F: Float>(
 }
 
 /// `out[0] = scale · Σ values` in one cube, in a fixed order.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn scaled_sum<F: Float>(
     values: &Array<f32>,
     out: &mut Array<F>,
@@ -562,7 +565,7 @@ pub fn scaled_sum<F: Float>(
 }
 
 /// `out[i] = value` (a runtime value: WGSL has no literal for −∞).
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn fill(out: &mut Array<f32>, value: f32, n: usize) {
     if ABSOLUTE_POS < n {
         out[ABSOLUTE_POS] = value;
@@ -617,7 +620,7 @@ fn keep_better_first(
 ///    barriers; `n2` is K rounded up to a power of two).
 // Kernels have no `usize::div_ceil`.
 #[allow(clippy::manual_div_ceil)]
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn top_k<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,
@@ -806,7 +809,7 @@ pub fn top_k<F: Float>(
 
 /// Per row with an observed next token `y` (one cube each), on the untempered distribution:
 /// `stats[3i..3i+3] = (log p[y], Σ p log p, max p)`.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, address_type = "dynamic")]
 pub fn confidence_rows<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,

@@ -91,13 +91,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Cube<R>
 struct Launcher<R: CubeRuntime> {
     client: ComputeClient<R>,
     device: R::Device,
+    /// The kernels' address width, for the largest buffer of the evaluation.
+    address: AddressType,
 }
 
 impl<R: CubeRuntime> Launcher<R> {
-    fn of(t: &CubeTensor<R>) -> Self {
+    /// For an evaluation on `t` whose buffers hold at most `largest` elements.
+    fn of(t: &CubeTensor<R>, largest: usize) -> Self {
         Self {
             client: t.client.clone(),
             device: t.device.clone(),
+            address: AddressType::from_len(largest.max(t.meta.num_elements())),
         }
     }
 
@@ -308,6 +312,7 @@ fn row_lse<R: CubeRuntime>(
             &launcher.client,
             count,
             dim,
+            launcher.address,
             z.clone().into_array_arg(),
             lse.clone().into_array_arg(),
             bad.clone().into_array_arg(),
@@ -335,6 +340,7 @@ fn scaled_sum<R: CubeRuntime>(
             &launcher.client,
             CubeCount::Static(1, 1, 1),
             CubeDim::new_1d(BLOCK as u32),
+            launcher.address,
             terms.clone().into_array_arg(),
             value.clone().into_array_arg(),
             n,
@@ -399,6 +405,7 @@ fn merge_shifts<R: CubeRuntime>(
             &launcher.client,
             count,
             dim,
+            launcher.address,
             z.clone().into_array_arg(),
             lse.clone().into_array_arg(),
             plan.slot_start.clone().into_array_arg(),
@@ -466,7 +473,7 @@ fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
         None => None,
         Some(next) => Some(next_token_rows(next, n, v)?),
     };
-    let launcher = Launcher::of(&z);
+    let launcher = Launcher::of(&z, slots * k);
     let tau_inv = 1.0 / spec.tau;
     let plan = PlanArrays::new(&spec.merge, &launcher);
     let RowLse { lse, bad } = row_lse(&launcher, &z, n, v, tau_inv);
@@ -484,6 +491,7 @@ fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
             &launcher.client,
             count,
             dim,
+            launcher.address,
             logp.clone().into_array_arg(),
             f32::NEG_INFINITY,
             slots * k,
@@ -495,6 +503,7 @@ fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
             &launcher.client,
             count,
             dim,
+            launcher.address,
             z.clone().into_array_arg(),
             lse.clone().into_array_arg(),
             sigma.clone().into_array_arg(),
@@ -546,6 +555,7 @@ fn confidence<B: Cube<R>, R: CubeRuntime>(
             &launcher.client,
             count,
             dim,
+            launcher.address,
             z.clone().into_array_arg(),
             lse.clone().into_array_arg(),
             launcher.ints(&row_ids).into_array_arg(),
@@ -605,7 +615,7 @@ fn cross_entropy<B: Cube<R>, R: CubeRuntime>(
             size: v,
         });
     }
-    let launcher = Launcher::of(&z);
+    let launcher = Launcher::of(&z, n * v);
     let counted = targets.iter().filter(|&&y| y >= 0).count();
     let inv = if counted > 0 {
         1.0 / counted as f32
@@ -621,6 +631,7 @@ fn cross_entropy<B: Cube<R>, R: CubeRuntime>(
             &launcher.client,
             count,
             dim,
+            launcher.address,
             z.clone().into_array_arg(),
             lse.clone().into_array_arg(),
             target_array.clone().into_array_arg(),
@@ -638,6 +649,7 @@ fn cross_entropy<B: Cube<R>, R: CubeRuntime>(
                 &launcher.client,
                 count,
                 dim,
+                launcher.address,
                 z.clone().into_array_arg(),
                 lse.clone().into_array_arg(),
                 target_array.clone().into_array_arg(),
@@ -716,9 +728,11 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
             });
         }
     }
-    let launcher = Launcher::of(&z);
-    let tau_inv = 1.0 / spec.tau;
     let valid = spec.merge.valid();
+    // P-KL's scattered buffer is `[chunk, V_T]`.
+    let chunk = spec.row_chunk.max(1).min(valid.max(1));
+    let launcher = Launcher::of(&z, (slots * k).max(chunk * teacher.vocab));
+    let tau_inv = 1.0 / spec.tau;
     let scale = if valid > 0 {
         spec.tau * spec.tau / valid as f32
     } else {
@@ -746,6 +760,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                     &launcher.client,
                     count,
                     dim,
+                    launcher.address,
                     grad.clone().into_array_arg(),
                     plan.idle_rows.clone().into_array_arg(),
                     plan.idle_count,
@@ -764,6 +779,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                     &launcher.client,
                     count,
                     dim,
+                    launcher.address,
                     z.clone().into_array_arg(),
                     lse.clone().into_array_arg(),
                     sigma.clone().into_array_arg(),
@@ -808,6 +824,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                         &launcher.client,
                         count,
                         dim,
+                        launcher.address,
                         grad.clone().into_array_arg(),
                         plan.valid_slot.clone().into_array_arg(),
                         plan.valid_row.clone().into_array_arg(),
@@ -853,7 +870,6 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
             let signed = |v: &[u32]| v.iter().map(|&x| x as i32).collect::<Vec<i32>>();
             let column_start = launcher.ints(&signed(&columns.start));
             let column_entries = launcher.ints(&signed(&columns.slots));
-            let chunk = spec.row_chunk.max(1).min(plan.valid.max(1));
             let scattered = launcher.zeros(chunk * vt, DType::F32);
             let terms = launcher.zeros(chunk * k, DType::F32);
             let sigma_terms = launcher.zeros(chunk * k, DType::F32);
@@ -867,6 +883,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                         &launcher.client,
                         count,
                         dim,
+                        launcher.address,
                         z.clone().into_array_arg(),
                         lse.clone().into_array_arg(),
                         sigma.clone().into_array_arg(),
@@ -897,6 +914,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                         &launcher.client,
                         count,
                         dim,
+                        launcher.address,
                         terms.clone().into_array_arg(),
                         sigma_terms.clone().into_array_arg(),
                         plan.valid_slot.clone().into_array_arg(),
@@ -935,6 +953,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                             &launcher.client,
                             count,
                             dim,
+                            launcher.address,
                             z.clone().into_array_arg(),
                             lse.clone().into_array_arg(),
                             sigma.clone().into_array_arg(),
@@ -961,6 +980,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                         &launcher.client,
                         count,
                         dim,
+                        launcher.address,
                         scattered.clone().into_array_arg(),
                         plan.valid_slot.clone().into_array_arg(),
                         teacher_ids.clone().into_array_arg(),
@@ -997,6 +1017,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                     &launcher.client,
                     count,
                     dim,
+                    launcher.address,
                     z.clone().into_array_arg(),
                     lse.clone().into_array_arg(),
                     dsigma.clone().into_array_arg(),
@@ -1058,6 +1079,7 @@ fn predicting_grad<R: CubeRuntime>(
             &launcher.client,
             cubes,
             dim,
+            launcher.address,
             args.z.clone().into_array_arg(),
             args.lse.clone().into_array_arg(),
             args.sigma.clone().into_array_arg(),
