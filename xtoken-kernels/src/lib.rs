@@ -14,8 +14,9 @@
 //! methods: it copies one row chunk at a time with `into_data`, runs on all cores, and uploads
 //! the gradient. ndarray's f32 logits already live in host memory, so its implementation reads
 //! them in place. `Autodiff<B>` wraps any implementation with a backward step that scales the
-//! stored gradient. burn's `CubeBackend` (wgpu, CUDA; feature `wgpu`/`cuda`) evaluates
-//! KL, P-KL and cross-entropy in cubecl kernels on the device ([`cube`]).
+//! stored gradient. burn's `CubeBackend` (wgpu, CUDA; feature `wgpu`/`cuda`), and
+//! `Fusion` of it (feature `fusion`), run both operations in cubecl kernels on the device
+//! ([`cube`]).
 
 #[cfg(feature = "cube")]
 pub mod cube;

@@ -1,9 +1,10 @@
-//! `xtoken bench kernels`: one teacher's P-KL, forward and backward (gradients to the student
-//! logits and to W's values), through `XTokenBackend::xt_loss` on a GPU backend: the cubecl
+//! `xtoken bench kernels`: one teacher's P-KL forward and backward (gradients to the student
+//! logits and to W's values), its H-KL forward and backward, and its top-K extraction, through `XTokenBackend::xt_loss` on a GPU backend: the cubecl
 //! kernels, or (`--path portable`) the portable host path for comparison. The time is set
 //! against the HBM floor: the bytes the evaluation must move at least once, over the copy
 //! bandwidth measured in the same run.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -12,8 +13,8 @@ use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
 use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_kernels::{
-    host, GradRequest, LossSpec, MergePlan, Objective, ProjectionTensors, TeacherEntries,
-    TeacherSpec, XTokenBackend,
+    host, CommonPairs, GradRequest, LossSpec, MergePlan, Objective, ProjectionTensors,
+    TeacherEntries, TeacherSpec, XTokenBackend,
 };
 
 use crate::models::DtypeArg;
@@ -98,11 +99,12 @@ struct Inputs<B: Backend> {
     entries: TeacherEntries<B>,
     projection: ProjectionTensors<B>,
     spec: LossSpec,
+    hybrid_spec: LossSpec,
 }
 
 /// Random logits, teacher entries (K distinct ids per row, spread over the vocabulary) and W
 /// (1..=slots ids per student token), all built on the device or uploaded once.
-fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Inputs<B> {
+fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Result<Inputs<B>> {
     let (n, vs, vt, k, kw) = (
         args.rows,
         args.student_vocab,
@@ -159,20 +161,43 @@ fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Input
         row_chunk: args.row_chunk,
         next_token: None,
     };
+    // H-KL's common set: about 70 % of the student vocabulary, 1-to-1.
+    let pairs: Vec<(u32, u32)> = (0..vs as u32)
+        .filter(|&s| (s as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60 < 11)
+        .enumerate()
+        .map(|(i, s)| (s, ((i * 7_368_787) % vt) as u32))
+        .collect();
+    let mut seen = vec![false; vt];
+    let pairs: Vec<(u32, u32)> = pairs
+        .into_iter()
+        .filter(|&(_, t)| !std::mem::replace(&mut seen[t as usize], true))
+        .collect();
+    let common = CommonPairs::new(&pairs, vs, vt).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let hybrid_spec = LossSpec {
+        objective: Objective::Hybrid {
+            common: Arc::new(common),
+            lambda_kl: 1.0,
+            lambda_uld: 1.0,
+        },
+        merge: merge.clone(),
+        tau: 1.0,
+        row_chunk: args.row_chunk,
+    };
     let spec = LossSpec {
         objective: Objective::Projected { eps: 1e-10 },
         merge,
         tau: 1.0,
         row_chunk: args.row_chunk,
     };
-    Inputs {
+    Ok(Inputs {
         teacher_logits,
         teacher_spec,
         logits,
         entries,
         projection,
         spec,
-    }
+        hybrid_spec,
+    })
 }
 
 /// What one timed run evaluates.
@@ -180,6 +205,8 @@ fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Input
 enum Op {
     /// P-KL forward and backward.
     Loss,
+    /// H-KL forward and backward.
+    Hybrid,
     /// The teacher's top-K extraction.
     TopK,
 }
@@ -206,6 +233,21 @@ fn evaluate<B: XTokenBackend>(
                 PathArg::Portable => {
                     host::loss::<B>(logits, projection, entries, &inputs.spec, want)?
                 }
+            };
+            B::sync(device)?;
+            drop(out);
+        }
+        Op::Hybrid => {
+            let logits = inputs.logits.clone().into_primitive().tensor();
+            let entries = Some(inputs.entries.clone());
+            let spec = &inputs.hybrid_spec;
+            let want = GradRequest {
+                logits: true,
+                weights: false,
+            };
+            let out = match path {
+                PathArg::Kernels => B::xt_loss(logits, None, entries, spec, want)?,
+                PathArg::Portable => host::loss::<B>(logits, None, entries, spec, want)?,
             };
             B::sync(device)?;
             drop(out);
@@ -251,7 +293,7 @@ fn run_on<B: XTokenBackend + DeviceMemory>(args: &KernelBenchArgs, place: &str) 
     eprintln!("measuring the copy bandwidth");
     let bandwidth = copy_bandwidth::<B>(n * vs, &device)?;
     eprintln!("building inputs: {n} rows, V_S = {vs}, V_T = {vt}, K = {k}");
-    let inputs = inputs::<B>(args, &device);
+    let inputs = inputs::<B>(args, &device)?;
     B::sync(&device)?;
     let before = B::reserved_bytes(&device);
     let element = match args.dtype.dtype() {
@@ -283,6 +325,11 @@ fn run_on<B: XTokenBackend + DeviceMemory>(args: &KernelBenchArgs, place: &str) 
             Op::Loss,
             "P-KL forward + backward",
             2 * n * vs * element + n * k * 8 + vs * kw * 12,
+        ),
+        (
+            Op::Hybrid,
+            "H-KL forward + backward",
+            2 * n * vs * element + n * k * 8,
         ),
         (Op::TopK, "teacher top-K", n * vt * element + n * k * 8),
     ];

@@ -320,8 +320,11 @@ pub fn slot_sums(
 
 /// The predicting rows' gradient, written whole: `grad[row, s] = c (h_s − p_s Σh)`. With
 /// `projected`, `h_s = e^σ p_s Σ_k w[s, k] · g[idx[s, k]]` gathers the chunk's scattered `g`
-/// (P-KL's backward through W, in W's own row layout); without it `h` is zero here and KL adds
-/// its sparse part afterwards.
+/// (P-KL's backward through W, in W's own row layout); with `hybrid`, `h_s = λ_ULD e^σ p_s` on
+/// the uncommon ids (`indices` is then the student's partner table); otherwise `h` is zero here.
+/// KL and the hybrid objectives add their sparse parts afterwards.
+// The comptime tests stay apart from the runtime ones they guard.
+#[allow(clippy::collapsible_if)]
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn predicting_grad<F: Float>(
     z: &Array<F>,
@@ -341,7 +344,9 @@ pub fn predicting_grad<F: Float>(
     vt: usize,
     t: f32,
     c: f32,
+    lambda: f32,
     #[comptime] projected: bool,
+    #[comptime] hybrid: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     if ABSOLUTE_POS >= count * v {
@@ -363,6 +368,12 @@ pub fn predicting_grad<F: Float>(
             }
         }
         h = sigma[slot].exp() * p * acc;
+    }
+    if comptime![hybrid] {
+        // `indices` is the student's partner table: uncommon ids get `λ_ULD · a` (d = 1).
+        if indices[s] < 0i32 {
+            h = lambda * sigma[slot].exp() * p;
+        }
     }
     grad[at] = F::cast_from(c * (h - p * dsigma[slot]));
 }
@@ -583,6 +594,21 @@ fn order_key(x: f32) -> u32 {
     key
 }
 
+/// The order key of entry `x`; with `masked`, entries with `excluded[x] >= 0` get 0, below
+/// every real value, so they are never selected while enough others remain.
+// The comptime test stays apart: without `masked`, `excluded` is a one-element placeholder.
+#[allow(clippy::collapsible_if)]
+#[cube]
+fn entry_key(value: f32, excluded: &Array<i32>, x: usize, #[comptime] masked: bool) -> u32 {
+    let mut key = order_key(value);
+    if comptime![masked] {
+        if excluded[x] >= 0i32 {
+            key = 0u32;
+        }
+    }
+    key
+}
+
 /// Compare-exchange of entries `a < b` of one slot's list: the better (larger value, then
 /// smaller id) goes first. Entries at `k` and beyond do not exist (they count as worst).
 #[cube]
@@ -608,8 +634,9 @@ fn keep_better_first(
     }
 }
 
-/// The teacher's top-K of one compared slot per cube, best first (larger logit, then smaller
-/// id, as the host orders them), with merged log-probabilities `z·t − lse + σ`.
+/// The top-K of one compared slot per cube, best first (larger logit, then smaller id, as the
+/// host orders them), with merged log-probabilities `z·t − lse + σ`: the teacher's kept entries,
+/// or (with `masked`) the student's largest probabilities outside the common set.
 ///
 /// 1. Radix select, 8 passes of 4 bits from the top of the order key: per-unit histograms in
 ///    shared memory (no atomics), summed per bin, give the K-th largest key and how many
@@ -627,6 +654,7 @@ pub fn top_k<F: Float>(
     sigma: &Array<f32>,
     valid_slot: &Array<i32>,
     valid_row: &Array<i32>,
+    excluded: &Array<i32>,
     ids: &mut Array<i32>,
     values: &mut Array<f32>,
     valid: usize,
@@ -635,6 +663,7 @@ pub fn top_k<F: Float>(
     n2: usize,
     t: f32,
     #[comptime] block: usize,
+    #[comptime] masked: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let i = CUBE_POS;
@@ -669,7 +698,7 @@ pub fn top_k<F: Float>(
         }
         let mut x = lo;
         while x < hi {
-            let key = order_key(f32::cast_from(z[base + x]));
+            let key = entry_key(f32::cast_from(z[base + x]), excluded, x, masked);
             if (key & mask) == prefix {
                 let d = usize::cast_from((key >> shift) & 15u32);
                 hist[tid * 16 + d] += 1u32;
@@ -717,7 +746,7 @@ pub fn top_k<F: Float>(
     let mut equal = 0u32;
     let mut x = lo;
     while x < hi {
-        let key = order_key(f32::cast_from(z[base + x]));
+        let key = entry_key(f32::cast_from(z[base + x]), excluded, x, masked);
         if key > prefix {
             above += 1u32;
         } else if key == prefix {
@@ -746,7 +775,7 @@ pub fn top_k<F: Float>(
     let mut x = lo;
     while x < hi {
         let value = f32::cast_from(z[base + x]);
-        let key = order_key(value);
+        let key = entry_key(value, excluded, x, masked);
         if key > prefix {
             ids[out + usize::cast_from(at_above)] = i32::cast_from(x);
             values[out + usize::cast_from(at_above)] = value;
@@ -859,5 +888,185 @@ pub fn confidence_rows<F: Float>(
         stats[3 * i] = f32::cast_from(z[row * v + y]) - l;
         stats[3 * i + 1] = total;
         stats[3 * i + 2] = shared[0].exp();
+    }
+}
+
+/// GOLD / H-KL / ULD of one compared slot per cube. The common KL runs over the teacher's kept
+/// entries with a student partner; the sorted L1 pairs the teacher's remaining entries (already
+/// in descending order, as the entries are best first) with the student's largest uncommon
+/// probabilities, selected beforehand by `top_k` with the common ids masked. Writes the loss,
+/// `Σh`, and per selected entry the correction `a (d − 1)` of its gradient term (`d` the sign of
+/// `a − b`; the dense kernel assumes `d = 1` for every uncommon id).
+#[cube(launch_unchecked, address_type = "dynamic")]
+pub fn hybrid_slots<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    sigma: &Array<f32>,
+    valid_slot: &Array<i32>,
+    valid_row: &Array<i32>,
+    teacher_ids: &Array<i32>,
+    teacher_logp: &Array<f32>,
+    teacher_partner: &Array<i32>,
+    student_partner: &Array<i32>,
+    selected_logp: &Array<f32>,
+    rest: &mut Array<f32>,
+    corrections: &mut Array<f32>,
+    loss: &mut Array<f32>,
+    dsigma: &mut Array<f32>,
+    valid: usize,
+    k: usize,
+    selected: usize,
+    uncommon: usize,
+    v: usize,
+    t: f32,
+    lambda_kl: f32,
+    lambda_uld: f32,
+    #[comptime] block: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let i = CUBE_POS;
+    if i >= valid {
+        terminate!();
+    }
+    let tid = UNIT_POS as usize;
+    let slot = usize::cast_from(valid_slot[i]);
+    let row = usize::cast_from(valid_row[i]);
+    let shift = sigma[slot] - lse[row];
+
+    let mut kl = 0.0f32;
+    let mut common_q = 0.0f32;
+    let mut j = tid;
+    while j < k {
+        let lq = teacher_logp[slot * k + j];
+        let partner = teacher_partner[usize::cast_from(teacher_ids[slot * k + j])];
+        if partner >= 0i32 && lq > f32::MIN {
+            let q = lq.exp();
+            let ls = f32::cast_from(z[row * v + usize::cast_from(partner)]) * t + shift;
+            kl += q * (lq - ls);
+            common_q += q;
+        }
+        j += block;
+    }
+    let mut mass = 0.0f32;
+    let mut s = tid;
+    while s < v {
+        if student_partner[s] < 0i32 {
+            mass += (f32::cast_from(z[row * v + s]) * t + shift).exp();
+        }
+        s += block;
+    }
+    let kl_total = block_sum(kl, block);
+    let common_total = block_sum(common_q, block);
+    let mass_total = block_sum(mass, block);
+
+    let mut count = SharedMemory::<u32>::new(1usize);
+    if tid == 0 {
+        let mut found = 0u32;
+        for jj in 0..k {
+            let id = usize::cast_from(teacher_ids[slot * k + jj]);
+            if teacher_partner[id] < 0i32 {
+                let lq = teacher_logp[slot * k + jj];
+                let mut q = 0.0f32;
+                if lq > f32::MIN {
+                    q = lq.exp();
+                }
+                rest[slot * k + usize::cast_from(found)] = q;
+                found += 1u32;
+            }
+        }
+        count[0usize] = found;
+    }
+    sync_storage();
+    sync_cube();
+    let found = usize::cast_from(count[0usize]);
+    let mut paired = found;
+    if uncommon < paired {
+        paired = uncommon;
+    }
+    let mut l1 = 0.0f32;
+    let mut signed = 0.0f32;
+    let mut selected_mass = 0.0f32;
+    let mut r = tid;
+    while r < selected {
+        let mut correction = 0.0f32;
+        if r < paired {
+            let a = selected_logp[slot * selected + r].exp();
+            let b = rest[slot * k + r];
+            let mut d = 0.0f32;
+            if a > b {
+                d = 1.0f32;
+                l1 += a - b;
+            } else if a < b {
+                d = -1.0f32;
+                l1 += b - a;
+            }
+            signed += a * d;
+            selected_mass += a;
+            correction = a * (d - 1.0f32);
+        }
+        corrections[slot * selected + r] = correction;
+        r += block;
+    }
+    let mut r = paired + tid;
+    while r < found {
+        l1 += rest[slot * k + r];
+        r += block;
+    }
+    let l1_total = block_sum(l1, block);
+    let signed_total = block_sum(signed, block);
+    let selected_total = block_sum(selected_mass, block);
+    if tid == 0 {
+        // The uncommon probabilities not paired with a teacher entry count whole (d = 1).
+        let unpaired = mass_total - selected_total;
+        loss[i] = lambda_kl * kl_total + lambda_uld * (l1_total + unpaired);
+        dsigma[slot] = lambda_uld * (signed_total + unpaired) - lambda_kl * common_total;
+    }
+}
+
+/// The hybrid objectives' sparse gradient terms on the predicting rows: `−c λ_KL q` at each
+/// kept teacher entry's student partner, and `c λ_ULD a (d − 1)` at each paired uncommon id.
+/// Partners are distinct, selected ids are distinct and never common: no two units write one
+/// element.
+#[cube(launch_unchecked, address_type = "dynamic")]
+pub fn hybrid_grad_sparse<F: Float>(
+    grad: &mut Array<F>,
+    valid_slot: &Array<i32>,
+    valid_row: &Array<i32>,
+    teacher_ids: &Array<i32>,
+    teacher_logp: &Array<f32>,
+    teacher_partner: &Array<i32>,
+    selected_ids: &Array<i32>,
+    corrections: &Array<f32>,
+    valid: usize,
+    k: usize,
+    selected: usize,
+    v: usize,
+    c: f32,
+    lambda_kl: f32,
+    lambda_uld: f32,
+    #[define(F)] _dtype: StorageType,
+) {
+    let per = k + selected;
+    if ABSOLUTE_POS >= valid * per {
+        terminate!();
+    }
+    let i = ABSOLUTE_POS / per;
+    let j = ABSOLUTE_POS % per;
+    let slot = usize::cast_from(valid_slot[i]);
+    let row = usize::cast_from(valid_row[i]);
+    if j < k {
+        let lq = teacher_logp[slot * k + j];
+        let partner = teacher_partner[usize::cast_from(teacher_ids[slot * k + j])];
+        if partner >= 0i32 && lq > f32::MIN {
+            let at = row * v + usize::cast_from(partner);
+            grad[at] = F::cast_from(f32::cast_from(grad[at]) - c * lambda_kl * lq.exp());
+        }
+    } else {
+        let r = j - k;
+        let correction = corrections[slot * selected + r];
+        if correction != 0.0f32 {
+            let at = row * v + usize::cast_from(selected_ids[slot * selected + r]);
+            grad[at] = F::cast_from(f32::cast_from(grad[at]) + c * lambda_uld * correction);
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! [`XTokenBackend`] for burn's `CubeBackend` (wgpu, CUDA, any cubecl runtime): the teacher's
-//! top-K extraction and the student side of KL, P-KL and cross-entropy run in cubecl kernels
+//! top-K extraction and the student side of every objective run in cubecl kernels
 //! ([`kernels`]), on the logits where they lie, in their own float type.
 //!
 //! The teacher's entries: `row_lse`, `merge_shift`, then `top_k` (radix select, compaction,
@@ -15,14 +15,14 @@
 //!    teacher's kept ids, through W's transposed layout), `slot_sums`, `predicting_grad` (the
 //!    projection's backward to `p̂`, a gather through W's rows), `pkl_grad_weights` (to W's
 //!    values), `clear_scattered`;
+//!    ULD / GOLD / H-KL: `top_k` over the student's uncommon ids, `hybrid_slots`, then
+//!    `predicting_grad` and `hybrid_grad_sparse`;
 //! 4. `continuation_grad` and `zero_rows`: the merge's backward and the rows no slot reads;
 //! 5. `scaled_sum`: the loss.
 //!
-//! The host does what is O(slots) or O(|W|): it checks the plan, lays it out as CSR arrays, and
-//! transposes W's indices (a counting sort); it reads back per-row flags and the loss value to
-//! report non-finite rows by name. The hybrid objectives (ULD, GOLD, H-KL) sort each student
-//! row's uncommon probabilities; they still take the portable path ([`crate::host`]), one row
-//! chunk at a time through host memory.
+//! The host does what is O(slots), O(|W|) or O(V): it checks the plan, lays it out as arrays,
+//! transposes W's indices (a counting sort) and uploads the common set's tables; it reads back
+//! per-row flags and the loss value to report non-finite rows by name.
 
 mod kernels;
 
@@ -62,11 +62,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> XTokenBack
         want: GradRequest,
     ) -> Result<LossOutput<Self>, KernelError> {
         match &spec.objective {
-            Objective::Hybrid { .. } => host::loss::<Self>(logits, projection, teacher, spec, want),
             Objective::CrossEntropy { targets } => {
                 cross_entropy::<Self, R>(logits, targets, want.logits)
             }
-            Objective::Kl | Objective::Projected { .. } => {
+            Objective::Kl | Objective::Projected { .. } | Objective::Hybrid { .. } => {
                 distill::<Self, R>(logits, projection, teacher, spec, want)
             }
         }
@@ -509,6 +508,7 @@ fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
             sigma.clone().into_array_arg(),
             plan.valid_slot.clone().into_array_arg(),
             plan.valid_row.clone().into_array_arg(),
+            launcher.ints(&[]).into_array_arg(),
             ids.clone().into_array_arg(),
             logp.clone().into_array_arg(),
             plan.valid,
@@ -517,6 +517,7 @@ fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
             k.next_power_of_two(),
             tau_inv,
             BLOCK,
+            false,
             float_dtype(&z),
         );
     }
@@ -715,8 +716,10 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
             });
         }
     }
-    let projected = matches!(spec.objective, Objective::Projected { .. });
-    let id_limit = if projected { teacher.vocab } else { v };
+    let id_limit = match spec.objective {
+        Objective::Kl => v,
+        _ => teacher.vocab,
+    };
     if slots * k > 0 {
         let (low, high) = int_range::<B, R>(&teacher.ids, "teacher ids")?;
         if low < 0 || high >= id_limit as i64 {
@@ -816,7 +819,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                     (0, plan.valid),
                     (1, v, 1),
                     (tau_inv, c),
-                    false,
+                    GradMode::Kl,
                 );
                 let (count, dim) = launcher.elementwise(plan.valid * k);
                 unsafe {
@@ -943,7 +946,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                         (first, count_rows),
                         (kw, v, vt),
                         (tau_inv, c),
-                        true,
+                        GradMode::Projected,
                     );
                 }
                 if let Some(gw) = &gw {
@@ -1006,7 +1009,147 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                 why: "the projected KL needs the projection W".into(),
             })
         }
-        _ => unreachable!("distill() serves KL and P-KL only"),
+        (
+            Objective::Hybrid {
+                common,
+                lambda_kl,
+                lambda_uld,
+            },
+            _,
+        ) => {
+            let vt = teacher.vocab;
+            if common.student_partner.len() != v || common.teacher_partner.len() != vt {
+                return Err(KernelError::Shape {
+                    what: "common set",
+                    expected: format!("tables of {v} and {vt} entries"),
+                    found: format!(
+                        "{} and {}",
+                        common.student_partner.len(),
+                        common.teacher_partner.len()
+                    ),
+                });
+            }
+            let uncommon = common.student_partner.iter().filter(|&&p| p < 0).count();
+            let selected = k.min(uncommon);
+            let student_partner = launcher.ints(&common.student_partner);
+            let teacher_partner = launcher.ints(&common.teacher_partner);
+            // The student's largest uncommon probabilities, best first.
+            let selected_ids = launcher.zeros(slots * selected, DType::I32);
+            let selected_logp = launcher.zeros(slots * selected, DType::F32);
+            if selected > 0 {
+                let (count, dim) = launcher.per_item(plan.valid);
+                unsafe {
+                    kernels::top_k::launch_unchecked::<R>(
+                        &launcher.client,
+                        count,
+                        dim,
+                        launcher.address,
+                        z.clone().into_array_arg(),
+                        lse.clone().into_array_arg(),
+                        sigma.clone().into_array_arg(),
+                        plan.valid_slot.clone().into_array_arg(),
+                        plan.valid_row.clone().into_array_arg(),
+                        student_partner.clone().into_array_arg(),
+                        selected_ids.clone().into_array_arg(),
+                        selected_logp.clone().into_array_arg(),
+                        plan.valid,
+                        v,
+                        selected,
+                        selected.next_power_of_two(),
+                        tau_inv,
+                        BLOCK,
+                        true,
+                        dtype,
+                    );
+                }
+            }
+            let rest = launcher.zeros(slots * k, DType::F32);
+            let corrections = launcher.zeros(slots * selected, DType::F32);
+            let (count, dim) = launcher.per_item(plan.valid);
+            unsafe {
+                kernels::hybrid_slots::launch_unchecked::<R>(
+                    &launcher.client,
+                    count,
+                    dim,
+                    launcher.address,
+                    z.clone().into_array_arg(),
+                    lse.clone().into_array_arg(),
+                    sigma.clone().into_array_arg(),
+                    plan.valid_slot.clone().into_array_arg(),
+                    plan.valid_row.clone().into_array_arg(),
+                    teacher_ids.clone().into_array_arg(),
+                    teacher_logp.clone().into_array_arg(),
+                    teacher_partner.clone().into_array_arg(),
+                    student_partner.clone().into_array_arg(),
+                    selected_logp.clone().into_array_arg(),
+                    rest.clone().into_array_arg(),
+                    corrections.clone().into_array_arg(),
+                    loss.clone().into_array_arg(),
+                    dsigma.clone().into_array_arg(),
+                    plan.valid,
+                    k,
+                    selected,
+                    uncommon,
+                    v,
+                    tau_inv,
+                    *lambda_kl,
+                    *lambda_uld,
+                    BLOCK,
+                    dtype,
+                );
+            }
+            if let Some(grad) = &grad {
+                let none = launcher.zeros(1, DType::F32);
+                predicting_grad(
+                    &launcher,
+                    Predicting {
+                        z: &z,
+                        lse: &lse,
+                        sigma: &sigma,
+                        dsigma: &dsigma,
+                        plan: &plan,
+                        indices: &student_partner,
+                        weights: &none,
+                        scattered: &none,
+                        grad,
+                    },
+                    (0, plan.valid),
+                    (1, v, 1),
+                    (tau_inv, c),
+                    GradMode::Hybrid {
+                        lambda_uld: *lambda_uld,
+                    },
+                );
+                let (count, dim) = launcher.elementwise(plan.valid * (k + selected));
+                unsafe {
+                    kernels::hybrid_grad_sparse::launch_unchecked::<R>(
+                        &launcher.client,
+                        count,
+                        dim,
+                        launcher.address,
+                        grad.clone().into_array_arg(),
+                        plan.valid_slot.clone().into_array_arg(),
+                        plan.valid_row.clone().into_array_arg(),
+                        teacher_ids.clone().into_array_arg(),
+                        teacher_logp.clone().into_array_arg(),
+                        teacher_partner.clone().into_array_arg(),
+                        selected_ids.clone().into_array_arg(),
+                        corrections.clone().into_array_arg(),
+                        plan.valid,
+                        k,
+                        selected,
+                        v,
+                        c,
+                        *lambda_kl,
+                        *lambda_uld,
+                        dtype,
+                    );
+                }
+            }
+        }
+        (Objective::CrossEntropy { .. }, _) => {
+            unreachable!("cross-entropy has its own path")
+        }
     }
 
     if let Some(grad) = &grad {
@@ -1043,7 +1186,11 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
     };
     let mut rows: Vec<u32> = spec.merge.predict_row.iter().flatten().copied().collect();
     rows.extend(spec.merge.continuation.iter().map(|&(row, _, _)| row));
-    let name = if projected { "projected KL" } else { "KL" };
+    let name = match spec.objective {
+        Objective::Kl => "KL",
+        Objective::Projected { .. } => "projected KL",
+        _ => "hybrid",
+    };
     finish::<B, R>(output, bad, rows.into_iter(), name)
 }
 
@@ -1067,7 +1214,7 @@ fn predicting_grad<R: CubeRuntime>(
     (first, count): (usize, usize),
     (kw, v, vt): (usize, usize, usize),
     (tau_inv, c): (f32, f32),
-    projected: bool,
+    mode: GradMode,
 ) {
     let dtype = float_dtype(args.z);
     if count == 0 {
@@ -1097,8 +1244,24 @@ fn predicting_grad<R: CubeRuntime>(
             vt,
             tau_inv,
             c,
-            projected,
+            match mode {
+                GradMode::Hybrid { lambda_uld } => lambda_uld,
+                _ => 0.0,
+            },
+            matches!(mode, GradMode::Projected),
+            matches!(mode, GradMode::Hybrid { .. }),
             dtype,
         );
     }
+}
+
+/// Which dense term `h` the predicting rows' gradient kernel adds.
+#[derive(Clone, Copy)]
+enum GradMode {
+    /// None (KL adds its sparse term afterwards).
+    Kl,
+    /// P-KL's gather through W.
+    Projected,
+    /// `λ_ULD · a` on the uncommon ids.
+    Hybrid { lambda_uld: f32 },
 }
