@@ -941,9 +941,13 @@ pub fn hybrid_slots<F: Float>(
         let partner = teacher_partner[usize::cast_from(teacher_ids[slot * k + j])];
         if partner >= 0i32 && lq > f32::MIN {
             let q = lq.exp();
-            let ls = f32::cast_from(z[row * v + usize::cast_from(partner)]) * t + shift;
-            kl += q * (lq - ls);
-            common_q += q;
+            // As on the host, an entry whose probability underflows to 0 contributes nothing
+            // (not 0 · ∞ where the student's logit is −∞).
+            if q > 0.0f32 {
+                let ls = f32::cast_from(z[row * v + usize::cast_from(partner)]) * t + shift;
+                kl += q * (lq - ls);
+                common_q += q;
+            }
         }
         j += block;
     }
