@@ -464,7 +464,17 @@ fn target_rows<S: RowSource>(
     targets: &[i32],
     what: &'static str,
 ) -> Result<Vec<(u32, u32)>, KernelError> {
-    let (n, v) = (src.rows(), src.vocab());
+    checked_targets(targets, src.rows(), src.vocab(), what)
+}
+
+/// The `(row, target)` pairs of a per-row target array (`-1`: no target), checked against
+/// `rows × vocab` logits.
+pub(crate) fn checked_targets(
+    targets: &[i32],
+    n: usize,
+    v: usize,
+    what: &'static str,
+) -> Result<Vec<(u32, u32)>, KernelError> {
     if targets.len() != n {
         return Err(KernelError::Shape {
             what,
@@ -487,6 +497,32 @@ fn target_rows<S: RowSource>(
         }),
         None => Ok(rows),
     }
+}
+
+/// The teacher's entries a distillation objective needs, with the `[slots, k]` shapes of their
+/// ids and log-probabilities checked.
+pub(crate) fn checked_teacher<B: Backend>(
+    teacher: Option<TeacherEntries<B>>,
+    slots: usize,
+) -> Result<TeacherEntries<B>, KernelError> {
+    let teacher = teacher.ok_or(KernelError::Invalid {
+        what: "loss",
+        why: "a distillation objective needs the teacher's entries".into(),
+    })?;
+    let expected = [slots, teacher.k];
+    for (what, found) in [
+        ("teacher ids", int_dims::<B>(&teacher.ids)),
+        ("teacher log-probabilities", dims::<B>(&teacher.logp)),
+    ] {
+        if found != expected {
+            return Err(KernelError::Shape {
+                what,
+                expected: format!("{expected:?}"),
+                found: format!("{found:?}"),
+            });
+        }
+    }
+    Ok(teacher)
 }
 
 /// Batch means of `log p[y]`, `Σ p log p` and `max p` over rows with a next token.
@@ -859,25 +895,8 @@ pub fn loss_from<S: RowSource, B: Backend>(
         objective => {
             check_tau(spec.tau)?;
             spec.merge.check("student", n, v)?;
-            let teacher = teacher.ok_or(KernelError::Invalid {
-                what: "loss",
-                why: "a distillation objective needs the teacher's entries".into(),
-            })?;
+            let teacher = checked_teacher(teacher, spec.merge.slots())?;
             let k = teacher.k;
-            let slots = spec.merge.slots();
-            let expected = [slots, k];
-            for (what, found) in [
-                ("teacher ids", int_dims::<B>(&teacher.ids)),
-                ("teacher log-probabilities", dims::<B>(&teacher.logp)),
-            ] {
-                if found != expected {
-                    return Err(KernelError::Shape {
-                        what,
-                        expected: format!("{expected:?}"),
-                        found: format!("{found:?}"),
-                    });
-                }
-            }
             let teacher_ids = read_ints::<B>(teacher.ids, "teacher ids")?;
             let teacher_logp = read_floats::<B>(teacher.logp, "teacher log-probabilities")?;
             let id_limit = match objective {
@@ -910,19 +929,7 @@ pub fn loss_from<S: RowSource, B: Backend>(
                 _ => None,
             };
             if let Objective::Hybrid { common, .. } = objective {
-                if common.student_partner.len() != v
-                    || common.teacher_partner.len() != teacher.vocab
-                {
-                    return Err(KernelError::Shape {
-                        what: "common set",
-                        expected: format!("tables of {v} and {} entries", teacher.vocab),
-                        found: format!(
-                            "{} and {}",
-                            common.student_partner.len(),
-                            common.teacher_partner.len()
-                        ),
-                    });
-                }
+                common.check(v, teacher.vocab)?;
             }
             let valid = spec.merge.valid();
             let tau = spec.tau as f64;

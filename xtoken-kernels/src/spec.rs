@@ -139,6 +139,24 @@ impl CommonPairs {
         })
     }
 
+    /// Checks the tables against the logits' widths.
+    pub fn check(&self, student_vocab: usize, teacher_vocab: usize) -> Result<(), KernelError> {
+        if self.student_partner.len() != student_vocab
+            || self.teacher_partner.len() != teacher_vocab
+        {
+            return Err(KernelError::Shape {
+                what: "common set",
+                expected: format!("tables of {student_vocab} and {teacher_vocab} entries"),
+                found: format!(
+                    "{} and {}",
+                    self.student_partner.len(),
+                    self.teacher_partner.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// No common pairs: every token is in the remainders (plain ULD).
     pub fn none(student_vocab: usize, teacher_vocab: usize) -> Self {
         Self {

@@ -38,7 +38,7 @@ use cubecl::prelude::*;
 use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use crate::error::KernelError;
-use crate::host::{check_tau, Columns};
+use crate::host::{check_tau, checked_targets, checked_teacher, Columns};
 use crate::spec::{Confidence, GradRequest, LossSpec, MergePlan, Objective, TeacherSpec};
 use crate::{host, LossOutput, ProjectionTensors, TeacherEntries, XTokenBackend};
 
@@ -210,6 +210,22 @@ fn int_range<B: Cube<R>, R: CubeRuntime>(
 
 fn shape_of(t: &CubeTensor<impl CubeRuntime>) -> Vec<usize> {
     t.meta.shape().to_vec()
+}
+
+/// `[B, T, V]` of a logits tensor.
+fn logits_shape(
+    z: &CubeTensor<impl CubeRuntime>,
+    what: &'static str,
+) -> Result<[usize; 3], KernelError> {
+    let shape = shape_of(z);
+    match shape.as_slice() {
+        &[b, t, v] => Ok([b, t, v]),
+        _ => Err(KernelError::Shape {
+            what,
+            expected: "[B, T, V]".into(),
+            found: format!("{shape:?}"),
+        }),
+    }
 }
 
 /// The merge plan as CSR arrays: continuation terms by slot (for `σ`) and by row (for their
@@ -420,31 +436,6 @@ fn merge_shifts<R: CubeRuntime>(
     sigma
 }
 
-/// The `(row, token)` pairs of the observed next tokens (`-1`: none), checked.
-fn next_token_rows(next: &[i32], n: usize, v: usize) -> Result<Vec<(i32, i32)>, KernelError> {
-    if next.len() != n {
-        return Err(KernelError::Shape {
-            what: "teacher next tokens",
-            expected: format!("{n} entries"),
-            found: format!("{}", next.len()),
-        });
-    }
-    if let Some(&y) = next.iter().find(|&&y| y >= v as i32) {
-        return Err(KernelError::IndexOutOfRange {
-            what: "teacher next tokens",
-            field: "token",
-            index: y as i64,
-            size: v,
-        });
-    }
-    Ok(next
-        .iter()
-        .enumerate()
-        .filter(|(_, &y)| y >= 0)
-        .map(|(row, &y)| (row as i32, y))
-        .collect())
-}
-
 /// The teacher's targets on the device: per compared slot its top-K ids (best first) and merged
 /// log-probabilities, and on request the confidence statistics.
 fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
@@ -453,14 +444,7 @@ fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
 ) -> Result<TeacherEntries<B>, KernelError> {
     check_tau(spec.tau)?;
     let z = into_contiguous(logits);
-    let shape = shape_of(&z);
-    let &[b, t, v] = shape.as_slice() else {
-        return Err(KernelError::Shape {
-            what: "teacher logits",
-            expected: "[B, T, V]".into(),
-            found: format!("{shape:?}"),
-        });
-    };
+    let [b, t, v] = logits_shape(&z, "teacher logits")?;
     let n = b * t;
     spec.merge.check("teacher", n, v)?;
     let slots = spec.merge.slots();
@@ -470,7 +454,7 @@ fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
     let k = spec.top_k.min(v).max(1);
     let next = match &spec.next_token {
         None => None,
-        Some(next) => Some(next_token_rows(next, n, v)?),
+        Some(next) => Some(checked_targets(next, n, v, "teacher next tokens")?),
     };
     let launcher = Launcher::of(&z, slots * k);
     let tau_inv = 1.0 / spec.tau;
@@ -541,14 +525,15 @@ fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
 fn confidence<B: Cube<R>, R: CubeRuntime>(
     launcher: &Launcher<R>,
     z: &CubeTensor<R>,
-    rows: &[(i32, i32)],
+    rows: &[(u32, u32)],
     (n, v): (usize, usize),
 ) -> Result<Confidence, KernelError> {
     if rows.is_empty() {
         return Ok(Confidence::default());
     }
     let RowLse { lse, bad } = row_lse(launcher, z, n, v, 1.0);
-    let (row_ids, targets): (Vec<i32>, Vec<i32>) = rows.iter().copied().unzip();
+    let (row_ids, targets): (Vec<i32>, Vec<i32>) =
+        rows.iter().map(|&(r, y)| (r as i32, y as i32)).unzip();
     let stats = launcher.zeros(3 * rows.len(), DType::F32);
     let (count, dim) = launcher.per_item(rows.len());
     unsafe {
@@ -592,32 +577,11 @@ fn cross_entropy<B: Cube<R>, R: CubeRuntime>(
     want_grad: bool,
 ) -> Result<LossOutput<B>, KernelError> {
     let z = into_contiguous(logits);
-    let shape = shape_of(&z);
-    let &[b, t, v] = shape.as_slice() else {
-        return Err(KernelError::Shape {
-            what: "student logits",
-            expected: "[B, T, V]".into(),
-            found: format!("{shape:?}"),
-        });
-    };
+    let [b, t, v] = logits_shape(&z, "student logits")?;
     let n = b * t;
-    if targets.len() != n {
-        return Err(KernelError::Shape {
-            what: "cross-entropy targets",
-            expected: format!("{n} entries"),
-            found: format!("{}", targets.len()),
-        });
-    }
-    if let Some(&y) = targets.iter().find(|&&y| y >= v as i32) {
-        return Err(KernelError::IndexOutOfRange {
-            what: "cross-entropy targets",
-            field: "token",
-            index: y as i64,
-            size: v,
-        });
-    }
+    let compared = checked_targets(targets, n, v, "cross-entropy targets")?;
     let launcher = Launcher::of(&z, n * v);
-    let counted = targets.iter().filter(|&&y| y >= 0).count();
+    let counted = compared.len();
     let inv = if counted > 0 {
         1.0 / counted as f32
     } else {
@@ -669,11 +633,7 @@ fn cross_entropy<B: Cube<R>, R: CubeRuntime>(
         grad_logits,
         grad_weights: None,
     };
-    let rows = targets
-        .iter()
-        .enumerate()
-        .filter(|(_, &y)| y >= 0)
-        .map(|(r, _)| r as u32);
+    let rows = compared.iter().map(|&(row, _)| row);
     finish::<B, R>(output, bad, rows, "cross-entropy")
 }
 
@@ -687,35 +647,12 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
 ) -> Result<LossOutput<B>, KernelError> {
     check_tau(spec.tau)?;
     let z = into_contiguous(logits);
-    let shape = shape_of(&z);
-    let &[b, t, v] = shape.as_slice() else {
-        return Err(KernelError::Shape {
-            what: "student logits",
-            expected: "[B, T, V]".into(),
-            found: format!("{shape:?}"),
-        });
-    };
+    let [b, t, v] = logits_shape(&z, "student logits")?;
     let n = b * t;
     spec.merge.check("student", n, v)?;
-    let teacher = teacher.ok_or(KernelError::Invalid {
-        what: "loss",
-        why: "a distillation objective needs the teacher's entries".into(),
-    })?;
-    let k = teacher.k;
     let slots = spec.merge.slots();
-    let expected = vec![slots, k];
-    for (what, found) in [
-        ("teacher ids", shape_of(&teacher.ids)),
-        ("teacher log-probabilities", shape_of(&teacher.logp)),
-    ] {
-        if found != expected {
-            return Err(KernelError::Shape {
-                what,
-                expected: format!("{expected:?}"),
-                found: format!("{found:?}"),
-            });
-        }
-    }
+    let teacher = checked_teacher(teacher, slots)?;
+    let k = teacher.k;
     let id_limit = match spec.objective {
         Objective::Kl => v,
         _ => teacher.vocab,
@@ -774,6 +711,18 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
         }
     }
 
+    let predicting = grad.as_ref().map(|grad| Predicting {
+        z: &z,
+        lse: &lse,
+        sigma: &sigma,
+        dsigma: &dsigma,
+        plan: &plan,
+        grad,
+        v,
+        tau_inv,
+        c,
+    });
+
     match (&spec.objective, projection) {
         (Objective::Kl, _) => {
             let (count, dim) = launcher.per_item(plan.valid);
@@ -800,27 +749,8 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                     dtype,
                 );
             }
-            if let Some(grad) = &grad {
-                let none = launcher.zeros(1, DType::F32);
-                let no_ids = launcher.ints(&[]);
-                predicting_grad(
-                    &launcher,
-                    Predicting {
-                        z: &z,
-                        lse: &lse,
-                        sigma: &sigma,
-                        dsigma: &dsigma,
-                        plan: &plan,
-                        indices: &no_ids,
-                        weights: &none,
-                        scattered: &none,
-                        grad,
-                    },
-                    (0, plan.valid),
-                    (1, v, 1),
-                    (tau_inv, c),
-                    GradMode::Kl,
-                );
+            if let (Some(grad), Some(rows)) = (&grad, &predicting) {
+                predicting_grad(&launcher, rows, (0, plan.valid), GradMode::Kl);
                 let (count, dim) = launcher.elementwise(plan.valid * k);
                 unsafe {
                     kernels::kl_grad_sparse::launch_unchecked::<R>(
@@ -929,24 +859,18 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                         BLOCK,
                     );
                 }
-                if let Some(grad) = &grad {
+                if let Some(rows) = &predicting {
                     predicting_grad(
                         &launcher,
-                        Predicting {
-                            z: &z,
-                            lse: &lse,
-                            sigma: &sigma,
-                            dsigma: &dsigma,
-                            plan: &plan,
+                        rows,
+                        (first, count_rows),
+                        GradMode::Projected {
                             indices: &indices,
                             weights: &weights,
                             scattered: &scattered,
-                            grad,
+                            kw,
+                            vt,
                         },
-                        (first, count_rows),
-                        (kw, v, vt),
-                        (tau_inv, c),
-                        GradMode::Projected,
                     );
                 }
                 if let Some(gw) = &gw {
@@ -1017,18 +941,7 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
             },
             _,
         ) => {
-            let vt = teacher.vocab;
-            if common.student_partner.len() != v || common.teacher_partner.len() != vt {
-                return Err(KernelError::Shape {
-                    what: "common set",
-                    expected: format!("tables of {v} and {vt} entries"),
-                    found: format!(
-                        "{} and {}",
-                        common.student_partner.len(),
-                        common.teacher_partner.len()
-                    ),
-                });
-            }
+            common.check(v, teacher.vocab)?;
             let uncommon = common.student_partner.iter().filter(|&&p| p < 0).count();
             let selected = k.min(uncommon);
             let student_partner = launcher.ints(&common.student_partner);
@@ -1098,25 +1011,13 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
                     dtype,
                 );
             }
-            if let Some(grad) = &grad {
-                let none = launcher.zeros(1, DType::F32);
+            if let (Some(grad), Some(rows)) = (&grad, &predicting) {
                 predicting_grad(
                     &launcher,
-                    Predicting {
-                        z: &z,
-                        lse: &lse,
-                        sigma: &sigma,
-                        dsigma: &dsigma,
-                        plan: &plan,
-                        indices: &student_partner,
-                        weights: &none,
-                        scattered: &none,
-                        grad,
-                    },
+                    rows,
                     (0, plan.valid),
-                    (1, v, 1),
-                    (tau_inv, c),
                     GradMode::Hybrid {
+                        student_partner: &student_partner,
                         lambda_uld: *lambda_uld,
                     },
                 );
@@ -1194,33 +1095,68 @@ fn distill<B: Cube<R>, R: CubeRuntime>(
     finish::<B, R>(output, bad, rows.into_iter(), name)
 }
 
-/// The tensors `predicting_grad` reads.
+/// The tensors every mode of `predicting_grad` reads.
 struct Predicting<'a, R: CubeRuntime> {
     z: &'a CubeTensor<R>,
     lse: &'a CubeTensor<R>,
     sigma: &'a CubeTensor<R>,
     dsigma: &'a CubeTensor<R>,
     plan: &'a PlanArrays<R>,
-    indices: &'a CubeTensor<R>,
-    weights: &'a CubeTensor<R>,
-    scattered: &'a CubeTensor<R>,
     grad: &'a CubeTensor<R>,
+    /// `V_S`.
+    v: usize,
+    tau_inv: f32,
+    /// The gradient's scale, `τ² / valid · 1/τ`.
+    c: f32,
+}
+
+/// Which dense term `h` the predicting rows' gradient kernel adds, and what it reads for it.
+enum GradMode<'a, R: CubeRuntime> {
+    /// None (KL adds its sparse term afterwards).
+    Kl,
+    /// P-KL's gather through W (`[V_S, kw]`) of the chunk's scattered `[chunk, V_T]` `g`.
+    Projected {
+        indices: &'a CubeTensor<R>,
+        weights: &'a CubeTensor<R>,
+        scattered: &'a CubeTensor<R>,
+        kw: usize,
+        vt: usize,
+    },
+    /// `λ_ULD · a` on the ids without a partner in the common set.
+    Hybrid {
+        student_partner: &'a CubeTensor<R>,
+        lambda_uld: f32,
+    },
 }
 
 /// Writes the predicting rows `first..first + count` of the gradient.
 fn predicting_grad<R: CubeRuntime>(
     launcher: &Launcher<R>,
-    args: Predicting<'_, R>,
+    args: &Predicting<'_, R>,
     (first, count): (usize, usize),
-    (kw, v, vt): (usize, usize, usize),
-    (tau_inv, c): (f32, f32),
-    mode: GradMode,
+    mode: GradMode<'_, R>,
 ) {
-    let dtype = float_dtype(args.z);
     if count == 0 {
         return;
     }
-    let (cubes, dim) = launcher.elementwise(count * v);
+    // Placeholders bind the arrays a mode does not read.
+    let no_floats = launcher.zeros(1, DType::F32);
+    let no_ids = launcher.ints(&[]);
+    let (indices, weights, scattered, kw, vt, lambda) = match &mode {
+        GradMode::Kl => (&no_ids, &no_floats, &no_floats, 1, 1, 0.0),
+        GradMode::Projected {
+            indices,
+            weights,
+            scattered,
+            kw,
+            vt,
+        } => (*indices, *weights, *scattered, *kw, *vt, 0.0),
+        GradMode::Hybrid {
+            student_partner,
+            lambda_uld,
+        } => (*student_partner, &no_floats, &no_floats, 1, 1, *lambda_uld),
+    };
+    let (cubes, dim) = launcher.elementwise(count * args.v);
     unsafe {
         kernels::predicting_grad::launch_unchecked::<R>(
             &launcher.client,
@@ -1233,35 +1169,21 @@ fn predicting_grad<R: CubeRuntime>(
             args.dsigma.clone().into_array_arg(),
             args.plan.valid_slot.clone().into_array_arg(),
             args.plan.valid_row.clone().into_array_arg(),
-            args.indices.clone().into_array_arg(),
-            args.weights.clone().into_array_arg(),
-            args.scattered.clone().into_array_arg(),
+            indices.clone().into_array_arg(),
+            weights.clone().into_array_arg(),
+            scattered.clone().into_array_arg(),
             args.grad.clone().into_array_arg(),
             first,
             count,
             kw,
-            v,
+            args.v,
             vt,
-            tau_inv,
-            c,
-            match mode {
-                GradMode::Hybrid { lambda_uld } => lambda_uld,
-                _ => 0.0,
-            },
-            matches!(mode, GradMode::Projected),
+            args.tau_inv,
+            args.c,
+            lambda,
+            matches!(mode, GradMode::Projected { .. }),
             matches!(mode, GradMode::Hybrid { .. }),
-            dtype,
+            float_dtype(args.z),
         );
     }
-}
-
-/// Which dense term `h` the predicting rows' gradient kernel adds.
-#[derive(Clone, Copy)]
-enum GradMode {
-    /// None (KL adds its sparse term afterwards).
-    Kl,
-    /// P-KL's gather through W.
-    Projected,
-    /// `λ_ULD · a` on the uncommon ids.
-    Hybrid { lambda_uld: f32 },
 }
