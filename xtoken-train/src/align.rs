@@ -1,8 +1,7 @@
 //! `xtoken align`: tokenize texts with the student and every teacher, align each pair, and print
 //! the chunks or write the alignment cache.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -14,6 +13,9 @@ use serde_json::{json, Value};
 use xtoken_core::align::{AlignParams, Aligner, Alignment, ChunkKind, Workspace};
 use xtoken_core::cache::{encode_record, AlignCache, CacheMetadata, CacheWriter, TokenizerRecord};
 use xtoken_core::vocab::Vocabulary;
+
+use crate::config::DataFormat;
+use crate::data::DocumentReader;
 
 /// Scores and band of the alignment DP (defaults: the paper's).
 #[derive(Args, Clone)]
@@ -64,10 +66,11 @@ pub struct AlignArgs {
     /// One text to align (prints the chunks side by side).
     #[arg(long, conflicts_with = "input")]
     text: Option<String>,
-    /// A JSON Lines file: one object per line, its text in `--text-field`.
+    /// A data file: JSON Lines (the text in `--text-field`), parquet (the column
+    /// `--text-field`) or plain text (one document per line).
     #[arg(long)]
     input: Option<PathBuf>,
-    /// Field of each JSON line holding the text.
+    /// The JSON field or parquet column holding the text.
     #[arg(long, default_value = "text")]
     text_field: String,
     /// Write the alignment cache here (with --input).
@@ -200,6 +203,7 @@ pub fn run(args: AlignArgs) -> Result<()> {
                 input,
                 out: args.out.as_deref(),
                 json: args.json,
+                format: DataFormat::of(input)?,
                 text_field: &args.text_field,
                 threads,
                 params: args.params.params(),
@@ -309,8 +313,10 @@ pub struct Tally {
 
 /// What [`align_file`] reads, writes and how.
 pub struct FileJob<'a> {
-    /// The JSONL input.
+    /// The input file.
     pub input: &'a Path,
+    /// Its format.
+    pub format: DataFormat,
     /// Where to write the cache, if anywhere.
     pub out: Option<&'a Path>,
     /// Whether to print one JSON object per document to stdout.
@@ -342,9 +348,7 @@ pub struct FileStats {
 pub fn align_file(pipeline: &Pipeline, job: &FileJob<'_>) -> Result<FileStats> {
     let start = Instant::now();
     let input = job.input;
-    let file = File::open(input).with_context(|| format!("{}: cannot open", input.display()))?;
-    let total_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut reader = DocumentReader::open(input, job.format, job.text_field)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(job.threads)
         .build()
@@ -365,51 +369,36 @@ pub fn align_file(pipeline: &Pipeline, job: &FileJob<'_>) -> Result<FileStats> {
         None => None,
     };
     let progress = if job.progress && job.out.is_some() {
-        ProgressBar::new(total_bytes)
+        ProgressBar::new(reader.total())
     } else {
         ProgressBar::hidden()
     };
+    let template = if reader.counts_bytes() {
+        "{bar:30} {percent:>3}% {binary_bytes}/{binary_total_bytes} · {msg} · ETA {eta}"
+    } else {
+        "{bar:30} {percent:>3}% {pos}/{len} rows · {msg} · ETA {eta}"
+    };
     progress.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {percent:>3}% {binary_bytes}/{binary_total_bytes} · {msg} · ETA {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut tallies = vec![Tally::default(); pipeline.teachers.len()];
     let (mut docs, mut student_tokens) = (0u64, 0u64);
-    let mut line_no = 0usize;
-    let mut batch: Vec<(usize, String)> = Vec::new();
     loop {
         // A batch of about 4 MiB of text keeps every core busy and memory small.
-        batch.clear();
-        let mut batch_bytes = 0usize;
-        let mut eof = false;
-        while batch_bytes < 4 << 20 {
-            let mut line = String::new();
-            let n = reader
-                .read_line(&mut line)
-                .with_context(|| format!("{}:{}: cannot read", input.display(), line_no + 1))?;
-            if n == 0 {
-                eof = true;
-                break;
-            }
-            line_no += 1;
-            batch_bytes += n;
-            progress.inc(n as u64);
-            if !line.trim().is_empty() {
-                batch.push((line_no, line));
-            }
-        }
-        let field = job.text_field;
+        let batch = reader.next_batch(4 << 20)?;
+        progress.set_position(reader.done());
+        let eof = batch.is_empty();
+        let extractor = reader.extractor();
+        let extractor = &extractor;
         let results: Vec<Result<(AlignedDoc, Option<Vec<u8>>)>> = pool.install(|| {
             batch
                 .par_iter()
-                .map_init(Workspace::default, |ws, (line, raw)| {
-                    let text = text_of(input, *line, raw, field)?;
+                .map_init(Workspace::default, |ws, raw| {
+                    let text = extractor.text(raw)?;
                     let doc = pipeline.process(ws, &text).with_context(|| {
-                        format!("{}:{line}: aligning this document", input.display())
+                        format!("{}:{}: aligning this document", input.display(), raw.line)
                     })?;
                     let record = if job.out.is_some() {
                         Some(doc.record()?)
@@ -458,33 +447,6 @@ pub fn align_file(pipeline: &Pipeline, job: &FileJob<'_>) -> Result<FileStats> {
         seconds: start.elapsed().as_secs_f64(),
         teachers: tallies,
     })
-}
-
-/// The text field of one JSON line, with errors naming the file and line.
-fn text_of(input: &Path, line: usize, raw: &str, field: &str) -> Result<String> {
-    let where_ = || format!("{}:{line}", input.display());
-    let value: Value =
-        serde_json::from_str(raw).with_context(|| format!("{}: invalid JSON", where_()))?;
-    match value.get(field) {
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(other) => bail!(
-            "{}: field `{field}` is {}, not a string",
-            where_(),
-            kind_of(other)
-        ),
-        None => bail!("{}: no field `{field}`", where_()),
-    }
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// `xtoken cache …`: look into an alignment cache.

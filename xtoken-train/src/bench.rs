@@ -193,6 +193,7 @@ pub fn align(args: AlignBenchArgs) -> Result<()> {
         for _ in 0..args.runs {
             let job = FileJob {
                 input: &input,
+                format: crate::config::DataFormat::Jsonl,
                 out: Some(&out),
                 json: false,
                 text_field: "text",

@@ -6,7 +6,13 @@ mod bench;
 mod bench_forward;
 mod bench_kernels;
 mod bench_loss;
+mod bench_train;
+mod config;
+mod data;
+mod ddp;
+mod metrics;
 mod models;
+mod train;
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -36,6 +42,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Distill a student from one or more teachers: `xtoken train --config run.toml`.
+    Train(train::TrainArgs),
     /// Build or inspect the projection matrix W between a student and a teacher tokenizer.
     #[command(subcommand)]
     Projection(ProjectionCommand),
@@ -81,6 +89,9 @@ enum BenchCommand {
     /// One teacher's P-KL forward + backward through the cubecl kernels on a GPU (`--device
     /// cuda|wgpu`, in a build with that feature), against the HBM floor.
     Kernels(bench_kernels::KernelBenchArgs),
+    /// `xtoken train`'s whole step (loader, teacher top-K, student forward + backward, losses,
+    /// AdamW) on random models with real tokenizer vocabularies: s/step, tokens/s, peak memory.
+    Train(bench_train::TrainBenchArgs),
 }
 
 /// A student and a teacher tokenizer, each a directory with tokenizer.json or the file itself.
@@ -189,6 +200,7 @@ struct AuditArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Train(args) => train::start(args),
         Command::Projection(ProjectionCommand::Build(args)) => build(args),
         Command::Projection(ProjectionCommand::Show(args)) => show(args),
         Command::Audit(args) => run_audit(args),
@@ -199,6 +211,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Loss(args)) => bench_loss::run(args),
         Command::Bench(BenchCommand::Forward(args)) => bench_forward::run(args),
         Command::Bench(BenchCommand::Kernels(args)) => bench_kernels::run(args),
+        Command::Bench(BenchCommand::Train(args)) => bench_train::run(args),
         Command::Logits(args) => models::logits(args),
         Command::Convert(args) => models::convert(args),
     };

@@ -1,0 +1,265 @@
+//! `xtoken bench train`: the whole training step of `xtoken train` (data loader, teacher
+//! forward with top-K, student forward + backward with activation checkpointing, the fused
+//! distillation and CE losses, clipping, AdamW) on random models with the real tokenizers'
+//! vocabularies, timed per step, with the peak memory.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use burn::backend::NdArray;
+use burn::tensor::DType;
+use clap::{Args, ValueEnum};
+use xtoken_models::{Architecture, SaveDtype, Transformer};
+
+use crate::config::RunConfig;
+use crate::train::{run_config, TrainArgs};
+
+/// A model body (the vocabulary comes from the tokenizer).
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Body {
+    /// hidden 64, 2 layers, MLP 128: for a quick look at the pipeline's own cost.
+    Tiny,
+    /// hidden 768, 12 layers, 12 heads (4 KV), MLP 2048.
+    Llama100m,
+    /// Llama-3.2-1B: hidden 2048, 16 layers, 32 heads (8 KV), MLP 8192, tied head.
+    Llama1b,
+    /// Qwen3-4B's size: hidden 2560, 36 layers, 32 heads (8 KV), MLP 9728 (Llama blocks).
+    Qwen4b,
+}
+
+impl Body {
+    fn architecture(self, vocab: usize) -> Architecture {
+        match self {
+            Body::Tiny => Architecture::llama(vocab, 64, 128, 2, 4, 2),
+            Body::Llama100m => Architecture::llama(vocab, 768, 2048, 12, 12, 4),
+            Body::Llama1b => Architecture::llama(vocab, 2048, 8192, 16, 32, 8),
+            Body::Qwen4b => {
+                let mut arch = Architecture::llama(vocab, 2560, 9728, 36, 32, 8);
+                arch.head_dim = 128;
+                arch.rope.rotary_dim = 128;
+                arch.tie_word_embeddings = false;
+                arch
+            }
+        }
+    }
+}
+
+/// Options of `xtoken bench train`.
+#[derive(Args)]
+pub struct TrainBenchArgs {
+    /// Student tokenizer (directory or tokenizer.json).
+    #[arg(long)]
+    student_tokenizer: PathBuf,
+    /// Teacher tokenizer.
+    #[arg(long)]
+    teacher_tokenizer: PathBuf,
+    /// The student's body.
+    #[arg(long, value_enum, default_value_t = Body::Tiny)]
+    student: Body,
+    /// The teacher's body.
+    #[arg(long, value_enum, default_value_t = Body::Tiny)]
+    teacher: Body,
+    /// The teacher's loss (`pkl`, `hkl`, `gold`, `uld`, `auto`).
+    #[arg(long, default_value = "pkl")]
+    loss: String,
+    /// Student tokens per sequence.
+    #[arg(long, default_value_t = 512)]
+    context: usize,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 1)]
+    micro_batch: usize,
+    /// Teacher entries kept per chunk.
+    #[arg(long, default_value_t = 8192)]
+    top_k: usize,
+    /// Steps timed (after one warm-up step).
+    #[arg(long, default_value_t = 3)]
+    steps: u64,
+    /// `cpu`, `cuda` or `wgpu`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Teacher weights' dtype (`auto`: bf16 where the backend has it).
+    #[arg(long, default_value = "auto")]
+    teacher_dtype: String,
+    /// Where the random models, the corpus and the run go (default: a temporary directory).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+/// A varied synthetic corpus: prose with numerals, dates, amounts and code-like lines.
+fn corpus(docs: usize) -> String {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let words = [
+        "the",
+        "model",
+        "learns",
+        "from",
+        "a",
+        "teacher",
+        "whose",
+        "tokenizer",
+        "splits",
+        "numbers",
+        "into",
+        "digits",
+        "while",
+        "student",
+        "packs",
+        "them",
+        "and",
+        "every",
+        "step",
+        "costs",
+        "memory",
+        "time",
+        "for",
+        "distillation",
+        "across",
+        "vocabularies",
+    ];
+    let mut out = String::new();
+    for _ in 0..docs {
+        let mut text = String::new();
+        for s in 0..12 {
+            for w in 0..10 {
+                if w > 0 || s > 0 {
+                    text.push(' ');
+                }
+                match next(7) {
+                    0 => text.push_str(&next(100_000).to_string()),
+                    1 => text.push_str(&format!("{}.{:02}", next(1000), next(100))),
+                    _ => text.push_str(words[next(words.len() as u64) as usize]),
+                }
+            }
+            text.push_str(if next(5) == 0 {
+                ":\n    x = f(y, 42)\n"
+            } else {
+                "."
+            });
+        }
+        out.push_str(&serde_json::json!({ "text": text }).to_string());
+        out.push('\n');
+    }
+    out
+}
+
+fn model_dir(
+    dir: &std::path::Path,
+    body: Body,
+    tokenizer: &std::path::Path,
+    seed: u64,
+) -> Result<()> {
+    let json = xtoken_core::vocab::resolve_tokenizer_json(tokenizer)?;
+    let vocab = xtoken_core::vocab::Vocabulary::load(&json)?.size();
+    // Model vocabularies are padded to a multiple of 64, as released checkpoints are.
+    let arch = body.architecture(vocab.div_ceil(64) * 64);
+    eprintln!(
+        "writing a random model ({} parameters) into {}",
+        arch.num_parameters(),
+        dir.display()
+    );
+    let model = Transformer::<NdArray>::random(&arch, seed, DType::F32, &Default::default())?;
+    model.save(dir, SaveDtype::BF16)?;
+    std::fs::copy(&json, dir.join("tokenizer.json"))
+        .with_context(|| format!("copying {}", json.display()))?;
+    Ok(())
+}
+
+/// Runs the benchmark and prints a Markdown table.
+pub fn run(args: TrainBenchArgs) -> Result<()> {
+    let temp;
+    let work = match &args.work_dir {
+        Some(dir) => dir.clone(),
+        None => {
+            temp = std::env::temp_dir().join(format!("xtoken-bench-train-{}", std::process::id()));
+            temp.clone()
+        }
+    };
+    std::fs::create_dir_all(&work)?;
+    let (student, teacher) = (work.join("student"), work.join("teacher"));
+    model_dir(&student, args.student, &args.student_tokenizer, 1)?;
+    model_dir(&teacher, args.teacher, &args.teacher_tokenizer, 2)?;
+    let data = work.join("corpus.jsonl");
+    let docs = (args.micro_batch * args.context * (args.steps as usize + 1) / 150).max(8) + 4;
+    std::fs::write(&data, corpus(docs))?;
+    let run_dir = work.join("run");
+    std::fs::remove_dir_all(&run_dir).ok();
+    let text = format!(
+        r#"
+output_dir = {out:?}
+device = {device:?}
+[student]
+model = {student:?}
+[[teachers]]
+name = "teacher"
+model = {teacher:?}
+loss = {loss:?}
+dtype = {dtype:?}
+[data]
+path = {data:?}
+[training]
+steps = {steps}
+batch_size = {micro}
+micro_batch = {micro}
+context_length = {context}
+[loss]
+top_k = {top_k}
+"#,
+        out = run_dir.display().to_string(),
+        device = args.device,
+        student = student.display().to_string(),
+        teacher = teacher.display().to_string(),
+        loss = args.loss,
+        dtype = args.teacher_dtype,
+        data = data.display().to_string(),
+        steps = args.steps + 1,
+        micro = args.micro_batch,
+        context = args.context,
+        top_k = args.top_k,
+    );
+    let config = RunConfig::parse(&text)?;
+    let train_args = TrainArgs {
+        config: work.join("bench.toml"),
+        resume: false,
+        device: None,
+        stop_after: None,
+        workers: Default::default(),
+        bench: true,
+    };
+    let summary = run_config(config, &train_args)?;
+    let timed = &summary.step_seconds[1..];
+    let tokens: u64 = summary.step_tokens[1..].iter().sum();
+    let seconds: f64 = timed.iter().sum();
+    println!(
+        "| device | student | teacher | loss | micro-batch × context | top-K | s/step | student tokens/s | peak memory |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let name = |b: Body| match b {
+        Body::Tiny => "tiny",
+        Body::Llama100m => "100M",
+        Body::Llama1b => "Llama-3.2-1B",
+        Body::Qwen4b => "Qwen3-4B-sized",
+    };
+    println!(
+        "| {} | {} | {} | {} | {} × {} | {} | {:.3} | {:.0} | {:.2} GiB |",
+        args.device,
+        name(args.student),
+        name(args.teacher),
+        args.loss,
+        args.micro_batch,
+        args.context,
+        args.top_k,
+        seconds / timed.len().max(1) as f64,
+        tokens as f64 / seconds.max(1e-9),
+        summary.peak_bytes as f64 / (1u64 << 30) as f64
+    );
+    if args.work_dir.is_none() {
+        std::fs::remove_dir_all(&work).ok();
+    }
+    Ok(())
+}

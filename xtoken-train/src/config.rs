@@ -1,0 +1,723 @@
+//! `xtoken train`'s run configuration: one TOML file whose every default is the paper's setting
+//! (Llama-3.2-1B student, 30k steps of 768 × 4096 tokens, AdamW 5e-5 with 5 % warmup and cosine
+//! decay to 0, weight decay 0.1, clipping 1.0, τ = 1, top-K 8192, W top-4 trained at 1e-2).
+//! Unknown keys are refused by name, and [`RunConfig::validate`] names the key of a bad value.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use xtoken_core::align::AlignParams;
+use xtoken_core::loss::multi::{Confidence, Weighting};
+use xtoken_core::loss::{LossParams, TopK};
+use xtoken_core::plan::MergeVariant;
+use xtoken_core::projection::ProjectionParams;
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// Where checkpoints, metrics, plots, caches and the final student go.
+    pub output_dir: PathBuf,
+    /// Seeds the data order (and nothing else is random).
+    #[serde(default = "defaults::seed")]
+    pub seed: u64,
+    /// `cpu` (ndarray), `cuda` or `wgpu`; `--device` overrides it.
+    #[serde(default = "defaults::device")]
+    pub device: String,
+    pub student: StudentConfig,
+    pub teachers: Vec<TeacherConfig>,
+    pub data: DataConfig,
+    #[serde(default)]
+    pub training: TrainingConfig,
+    #[serde(default)]
+    pub loss: LossConfig,
+    #[serde(default)]
+    pub projection: ProjectionConfig,
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+}
+
+/// The model being trained.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StudentConfig {
+    /// A Hugging Face model directory (config.json + safetensors).
+    pub model: PathBuf,
+    /// Its tokenizer (directory or tokenizer.json); default: the model directory.
+    pub tokenizer: Option<PathBuf>,
+    /// Parameter dtype: `f32` (master weights; the default) or `bf16`.
+    #[serde(default = "defaults::student_dtype")]
+    pub dtype: String,
+}
+
+/// One teacher.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeacherConfig {
+    /// Short name for logs and metric columns; default: the model directory's name.
+    pub name: Option<String>,
+    /// A Hugging Face model directory.
+    pub model: PathBuf,
+    /// Its tokenizer; default: the model directory.
+    pub tokenizer: Option<PathBuf>,
+    /// `kl`, `pkl`, `hkl`, `gold`, `uld`, or `auto` (the coverage audit's recommendation).
+    #[serde(default = "defaults::loss_mode")]
+    pub loss: String,
+    /// Static weight α.
+    #[serde(default = "defaults::alpha")]
+    pub alpha: f64,
+    /// W for P-KL / H-KL (safetensors); built and stored there when absent. Default:
+    /// `<output_dir>/projections/<name>.W.safetensors`.
+    pub projection: Option<PathBuf>,
+    /// Parameter dtype: `auto` (bf16 where the backend has it, else f32), `f32`, `bf16`, `f16`.
+    #[serde(default = "defaults::teacher_dtype")]
+    pub dtype: String,
+}
+
+/// The training text.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// `.jsonl` (one JSON object per line), `.parquet`, or `.txt` (one document per line).
+    pub path: PathBuf,
+    /// The JSON field or parquet column holding the text.
+    #[serde(default = "defaults::text_field")]
+    pub text_field: String,
+    /// The alignment cache; default `<output_dir>/data/<file stem>.xtc`, built when absent.
+    pub cache: Option<PathBuf>,
+    /// Tokenization/alignment threads; 0 = every core.
+    #[serde(default)]
+    pub workers: usize,
+    /// Batches assembled ahead of the training loop by the background loader.
+    #[serde(default = "defaults::prefetch")]
+    pub prefetch: usize,
+}
+
+/// Steps, batches and the optimizer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainingConfig {
+    pub steps: u64,
+    /// Sequences per optimizer step, over all workers.
+    pub batch_size: usize,
+    /// Sequences per forward/backward pass on one device.
+    pub micro_batch: usize,
+    /// Micro-batches per step and worker; must equal batch_size / (micro_batch × workers)
+    /// when given.
+    pub grad_accum: Option<usize>,
+    /// Student tokens per packed sequence.
+    pub context_length: usize,
+    pub lr: f64,
+    /// Fraction of the steps spent warming up linearly from 0.
+    pub warmup: f64,
+    /// The cosine's floor.
+    pub min_lr: f64,
+    /// Decoupled weight decay; norm weights are exempt, as in Hugging Face's Trainer.
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub epsilon: f64,
+    /// Global gradient-norm clipping of the student; 0 disables it.
+    pub grad_clip: f64,
+    /// Recompute each decoder layer in the backward pass instead of storing its activations.
+    pub activation_checkpointing: bool,
+    /// Print a metrics line every this many steps when no progress bar is drawn.
+    pub log_every: u64,
+}
+
+/// The distillation objective.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LossConfig {
+    pub temperature: f64,
+    /// Teacher entries kept per chunk; 0 keeps the whole vocabulary.
+    pub top_k: usize,
+    pub lambda_kl: f64,
+    pub lambda_uld: f64,
+    /// `L = sg(L_CE / L_KD) · L_KD + L_CE` (paper §2.8); otherwise `L_CE + L_KD`.
+    pub dynamic_scaling: bool,
+    /// `static` (each teacher's α), or adaptive: `neg_ce`, `neg_entropy`, `max_prob`.
+    pub weighting: String,
+    /// `first_token` (the paper's chunk merge) or `last_token`.
+    pub merge: String,
+    /// Rows evaluated at once by the fused losses.
+    pub row_chunk: usize,
+}
+
+/// W's construction and training.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProjectionConfig {
+    pub top_k: usize,
+    pub max_span: usize,
+    pub beta: f64,
+    pub gamma: f64,
+    /// Learning rate of W's values under P-KL (AdamW, no clipping, no decay).
+    pub lr: f64,
+    /// Train W under P-KL (the paper does; it is always frozen under H-KL).
+    pub learnable: bool,
+}
+
+/// Checkpointing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Steps between checkpoints (a last one is written at the end).
+    pub every: u64,
+    /// Checkpoints kept; older ones are deleted.
+    pub keep: usize,
+    /// dtype of the final student directory: `bf16`, `f16` or `f32`.
+    pub save_dtype: String,
+}
+
+mod defaults {
+    pub fn seed() -> u64 {
+        42
+    }
+    pub fn device() -> String {
+        "cpu".into()
+    }
+    pub fn student_dtype() -> String {
+        "f32".into()
+    }
+    pub fn teacher_dtype() -> String {
+        "auto".into()
+    }
+    pub fn loss_mode() -> String {
+        "auto".into()
+    }
+    pub fn alpha() -> f64 {
+        1.0
+    }
+    pub fn text_field() -> String {
+        "text".into()
+    }
+    pub fn prefetch() -> usize {
+        4
+    }
+}
+
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        TrainingConfig {
+            steps: 30_000,
+            batch_size: 768,
+            micro_batch: 1,
+            grad_accum: None,
+            context_length: 4096,
+            lr: 5e-5,
+            warmup: 0.05,
+            min_lr: 0.0,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+            grad_clip: 1.0,
+            activation_checkpointing: true,
+            log_every: 10,
+        }
+    }
+}
+
+impl Default for LossConfig {
+    fn default() -> Self {
+        let params = LossParams::default();
+        LossConfig {
+            temperature: params.tau,
+            top_k: 8192,
+            lambda_kl: params.lambda_kl,
+            lambda_uld: params.lambda_uld,
+            dynamic_scaling: true,
+            weighting: "static".into(),
+            merge: "first_token".into(),
+            row_chunk: params.row_chunk,
+        }
+    }
+}
+
+impl Default for ProjectionConfig {
+    fn default() -> Self {
+        let params = ProjectionParams::default();
+        ProjectionConfig {
+            top_k: params.top_k,
+            max_span: params.max_span,
+            beta: params.beta,
+            gamma: params.gamma,
+            lr: 1e-2,
+            learnable: true,
+        }
+    }
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            every: 1000,
+            keep: 2,
+            save_dtype: "bf16".into(),
+        }
+    }
+}
+
+/// A teacher's loss as configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LossMode {
+    Kl,
+    Pkl,
+    Hkl,
+    Gold,
+    Uld,
+    Auto,
+}
+
+impl LossMode {
+    fn parse(key: &str, value: &str) -> Result<Self> {
+        Ok(match value {
+            "kl" => LossMode::Kl,
+            "pkl" => LossMode::Pkl,
+            "hkl" => LossMode::Hkl,
+            "gold" => LossMode::Gold,
+            "uld" => LossMode::Uld,
+            "auto" => LossMode::Auto,
+            other => bail!(
+                "{key} = {other:?}: expected one of \"kl\", \"pkl\", \"hkl\", \"gold\", \"uld\", \"auto\""
+            ),
+        })
+    }
+
+    /// The name in metrics and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            LossMode::Kl => "KL",
+            LossMode::Pkl => "P-KL",
+            LossMode::Hkl => "H-KL",
+            LossMode::Gold => "GOLD",
+            LossMode::Uld => "ULD",
+            LossMode::Auto => "auto",
+        }
+    }
+}
+
+/// A dtype key's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DtypeChoice {
+    Auto,
+    F32,
+    Bf16,
+    F16,
+}
+
+impl DtypeChoice {
+    fn parse(key: &str, value: &str, allow_auto: bool) -> Result<Self> {
+        Ok(match value {
+            "auto" if allow_auto => DtypeChoice::Auto,
+            "f32" => DtypeChoice::F32,
+            "bf16" => DtypeChoice::Bf16,
+            "f16" => DtypeChoice::F16,
+            other => bail!(
+                "{key} = {other:?}: expected {}\"f32\", \"bf16\" or \"f16\"",
+                if allow_auto { "\"auto\", " } else { "" }
+            ),
+        })
+    }
+}
+
+/// A teacher with its settings resolved.
+#[derive(Debug, Clone)]
+pub struct TeacherSpec {
+    pub name: String,
+    pub model: PathBuf,
+    pub tokenizer: PathBuf,
+    pub loss: LossMode,
+    pub alpha: f64,
+    pub projection: PathBuf,
+    pub dtype: DtypeChoice,
+}
+
+impl RunConfig {
+    /// Reads and checks `path`; every error names the file and the key at fault.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read the run configuration", path.display()))?;
+        Self::parse(&text).with_context(|| format!("{}", path.display()))
+    }
+
+    /// Parses and validates a configuration text; relative paths stay relative to the working
+    /// directory.
+    pub fn parse(text: &str) -> Result<Self> {
+        let config: RunConfig = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every value, naming the key of the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        let t = &self.training;
+        fn positive(key: &str, v: f64) -> Result<()> {
+            if !(v.is_finite() && v > 0.0) {
+                bail!("{key} = {v}: must be a positive finite number");
+            }
+            Ok(())
+        }
+        fn non_negative(key: &str, v: f64) -> Result<()> {
+            if !(v.is_finite() && v >= 0.0) {
+                bail!("{key} = {v}: must be a non-negative finite number");
+            }
+            Ok(())
+        }
+        fn at_least_one(key: &str, v: u64) -> Result<()> {
+            if v == 0 {
+                bail!("{key} = 0: must be at least 1");
+            }
+            Ok(())
+        }
+        match self.device.as_str() {
+            "cpu" | "cuda" | "wgpu" => {}
+            other => bail!("device = {other:?}: expected \"cpu\", \"cuda\" or \"wgpu\""),
+        }
+        DtypeChoice::parse("student.dtype", &self.student.dtype, false)?;
+        if self.teachers.is_empty() {
+            bail!("teachers: at least one [[teachers]] table is needed");
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, teacher) in self.teachers.iter().enumerate() {
+            LossMode::parse(&format!("teachers[{i}].loss"), &teacher.loss)?;
+            DtypeChoice::parse(&format!("teachers[{i}].dtype"), &teacher.dtype, true)?;
+            non_negative(&format!("teachers[{i}].alpha"), teacher.alpha)?;
+            let name = self.teacher_name(i);
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || "-_.".contains(c))
+            {
+                bail!("teachers[{i}].name = {name:?}: use letters, digits, '-', '_' or '.'");
+            }
+            if !names.insert(name.clone()) {
+                bail!("teachers[{i}].name = {name:?}: two teachers share this name");
+            }
+        }
+        let ext = self.data_format()?;
+        if ext == DataFormat::Txt && self.data.text_field != "text" {
+            bail!("data.text_field: a .txt file has no fields (one document per line)");
+        }
+        at_least_one("data.prefetch", self.data.prefetch as u64)?;
+        at_least_one("training.steps", t.steps)?;
+        at_least_one("training.batch_size", t.batch_size as u64)?;
+        at_least_one("training.micro_batch", t.micro_batch as u64)?;
+        if t.context_length < 2 {
+            bail!(
+                "training.context_length = {}: must be at least 2",
+                t.context_length
+            );
+        }
+        positive("training.lr", t.lr)?;
+        if !(0.0..1.0).contains(&t.warmup) {
+            bail!(
+                "training.warmup = {}: must be a fraction in [0, 1)",
+                t.warmup
+            );
+        }
+        non_negative("training.min_lr", t.min_lr)?;
+        if t.min_lr > t.lr {
+            bail!(
+                "training.min_lr = {}: must not exceed training.lr = {}",
+                t.min_lr,
+                t.lr
+            );
+        }
+        non_negative("training.weight_decay", t.weight_decay)?;
+        for (key, v) in [("training.beta1", t.beta1), ("training.beta2", t.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                bail!("{key} = {v}: must be in [0, 1)");
+            }
+        }
+        positive("training.epsilon", t.epsilon)?;
+        non_negative("training.grad_clip", t.grad_clip)?;
+        at_least_one("training.log_every", t.log_every)?;
+        if let Some(accum) = t.grad_accum {
+            at_least_one("training.grad_accum", accum as u64)?;
+        }
+        self.grad_accum(1)?;
+
+        let l = &self.loss;
+        positive("loss.temperature", l.temperature)?;
+        non_negative("loss.lambda_kl", l.lambda_kl)?;
+        non_negative("loss.lambda_uld", l.lambda_uld)?;
+        at_least_one("loss.row_chunk", l.row_chunk as u64)?;
+        self.weighting()?;
+        self.merge_variant()?;
+
+        let p = &self.projection;
+        self.projection_params()
+            .validate()
+            .map_err(|e| anyhow::anyhow!("projection: {e}"))?;
+        positive("projection.lr", p.lr)?;
+        at_least_one("checkpoint.every", self.checkpoint.every)?;
+        at_least_one("checkpoint.keep", self.checkpoint.keep as u64)?;
+        DtypeChoice::parse("checkpoint.save_dtype", &self.checkpoint.save_dtype, false)?;
+        Ok(())
+    }
+
+    /// Micro-batches per step on each of `workers` workers.
+    pub fn grad_accum(&self, workers: usize) -> Result<usize> {
+        let t = &self.training;
+        let per_pass = t.micro_batch * workers;
+        if t.batch_size % per_pass != 0 {
+            bail!(
+                "training.batch_size = {}: must be a multiple of training.micro_batch ({}) × workers ({workers})",
+                t.batch_size,
+                t.micro_batch
+            );
+        }
+        let accum = t.batch_size / per_pass;
+        if let Some(given) = t.grad_accum {
+            if given != accum {
+                bail!(
+                    "training.grad_accum = {given}: batch_size {} / (micro_batch {} × workers {workers}) is {accum}",
+                    t.batch_size,
+                    t.micro_batch
+                );
+            }
+        }
+        Ok(accum)
+    }
+
+    /// Teacher `i`'s name.
+    pub fn teacher_name(&self, i: usize) -> String {
+        let teacher = &self.teachers[i];
+        teacher.name.clone().unwrap_or_else(|| {
+            teacher
+                .model
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| format!("teacher{i}"))
+        })
+    }
+
+    /// The teachers with every default filled in.
+    pub fn teacher_specs(&self) -> Result<Vec<TeacherSpec>> {
+        self.teachers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let name = self.teacher_name(i);
+                Ok(TeacherSpec {
+                    projection: t.projection.clone().unwrap_or_else(|| {
+                        self.output_dir
+                            .join("projections")
+                            .join(format!("{name}.W.safetensors"))
+                    }),
+                    name,
+                    model: t.model.clone(),
+                    tokenizer: t.tokenizer.clone().unwrap_or_else(|| t.model.clone()),
+                    loss: LossMode::parse(&format!("teachers[{i}].loss"), &t.loss)?,
+                    alpha: t.alpha,
+                    dtype: DtypeChoice::parse(&format!("teachers[{i}].dtype"), &t.dtype, true)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The student's tokenizer path.
+    pub fn student_tokenizer(&self) -> PathBuf {
+        self.student
+            .tokenizer
+            .clone()
+            .unwrap_or_else(|| self.student.model.clone())
+    }
+
+    /// The student's parameter dtype.
+    pub fn student_dtype(&self) -> Result<DtypeChoice> {
+        DtypeChoice::parse("student.dtype", &self.student.dtype, false)
+    }
+
+    /// The final student's dtype on disk.
+    pub fn save_dtype(&self) -> Result<DtypeChoice> {
+        DtypeChoice::parse("checkpoint.save_dtype", &self.checkpoint.save_dtype, false)
+    }
+
+    /// The loss hyper-parameters.
+    pub fn loss_params(&self) -> LossParams {
+        let l = &self.loss;
+        LossParams {
+            tau: l.temperature,
+            top_k: if l.top_k == 0 {
+                TopK::All
+            } else {
+                TopK::K(l.top_k)
+            },
+            lambda_kl: l.lambda_kl,
+            lambda_uld: l.lambda_uld,
+            row_chunk: l.row_chunk,
+            ..LossParams::default()
+        }
+    }
+
+    /// How the teachers are weighted.
+    pub fn weighting(&self) -> Result<Weighting> {
+        Ok(match self.loss.weighting.as_str() {
+            "static" => Weighting::Static,
+            "neg_ce" => Weighting::Adaptive(Confidence::NegCrossEntropy),
+            "neg_entropy" => Weighting::Adaptive(Confidence::NegEntropy),
+            "max_prob" => Weighting::Adaptive(Confidence::MaxProb),
+            other => bail!(
+                "loss.weighting = {other:?}: expected \"static\", \"neg_ce\", \"neg_entropy\" or \"max_prob\""
+            ),
+        })
+    }
+
+    /// The chunk merge.
+    pub fn merge_variant(&self) -> Result<MergeVariant> {
+        Ok(match self.loss.merge.as_str() {
+            "first_token" => MergeVariant::FirstToken,
+            "last_token" => MergeVariant::LastToken,
+            other => bail!("loss.merge = {other:?}: expected \"first_token\" or \"last_token\""),
+        })
+    }
+
+    /// W's construction rule.
+    pub fn projection_params(&self) -> ProjectionParams {
+        let p = &self.projection;
+        ProjectionParams {
+            top_k: p.top_k,
+            max_span: p.max_span,
+            beta: p.beta,
+            gamma: p.gamma,
+        }
+    }
+
+    /// The alignment's parameters (the paper's).
+    pub fn align_params(&self) -> AlignParams {
+        AlignParams {
+            max_span: self.projection.max_span,
+            ..AlignParams::default()
+        }
+    }
+
+    /// The data file's format, from its extension.
+    pub fn data_format(&self) -> Result<DataFormat> {
+        DataFormat::of(&self.data.path).with_context(|| "data.path")
+    }
+
+    /// The alignment cache's path.
+    pub fn cache_path(&self) -> PathBuf {
+        self.data.cache.clone().unwrap_or_else(|| {
+            let stem = self
+                .data
+                .path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "data".into());
+            self.output_dir.join("data").join(format!("{stem}.xtc"))
+        })
+    }
+}
+
+/// The formats `data.path` may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataFormat {
+    Jsonl,
+    Parquet,
+    Txt,
+}
+
+impl DataFormat {
+    /// The format of a data file, by its extension.
+    pub fn of(path: &Path) -> Result<Self> {
+        let ext = path
+            .extension()
+            .map(|e| e.to_string_lossy().to_ascii_lowercase());
+        Ok(match ext.as_deref() {
+            Some("jsonl") | Some("json") => DataFormat::Jsonl,
+            Some("parquet") => DataFormat::Parquet,
+            Some("txt") => DataFormat::Txt,
+            _ => bail!(
+                "{}: expected a .jsonl, .parquet or .txt file",
+                path.display()
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+output_dir = "runs/a"
+[student]
+model = "models/student"
+[[teachers]]
+model = "models/qwen3"
+[data]
+path = "data/train.jsonl"
+"#;
+
+    #[test]
+    fn defaults_are_the_papers() {
+        let config = RunConfig::parse(MINIMAL).unwrap();
+        let t = &config.training;
+        assert_eq!(
+            (t.steps, t.batch_size, t.context_length),
+            (30_000, 768, 4096)
+        );
+        assert_eq!((t.lr, t.warmup, t.min_lr), (5e-5, 0.05, 0.0));
+        assert_eq!((t.weight_decay, t.grad_clip), (0.1, 1.0));
+        assert_eq!(config.loss.temperature, 1.0);
+        assert_eq!(config.loss_params().top_k, TopK::K(8192));
+        assert_eq!((config.loss.lambda_kl, config.loss.lambda_uld), (1.0, 1.0));
+        assert!(config.loss.dynamic_scaling);
+        assert_eq!((config.projection.top_k, config.projection.lr), (4, 1e-2));
+        assert!(config.projection.learnable);
+        let teachers = config.teacher_specs().unwrap();
+        assert_eq!(teachers[0].name, "qwen3");
+        assert_eq!(teachers[0].loss, LossMode::Auto);
+        assert_eq!(teachers[0].alpha, 1.0);
+        assert_eq!(
+            teachers[0].projection,
+            Path::new("runs/a/projections/qwen3.W.safetensors")
+        );
+        assert_eq!(config.cache_path(), Path::new("runs/a/data/train.xtc"));
+        assert_eq!(config.grad_accum(1).unwrap(), 768);
+        assert_eq!(config.grad_accum(8).unwrap(), 96);
+    }
+
+    fn error_of(text: &str) -> String {
+        format!("{:#}", RunConfig::parse(text).unwrap_err())
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let err = error_of(&format!("{MINIMAL}\n[training]\nlearning_rate = 1e-4\n"));
+        assert!(err.contains("learning_rate"), "{err}");
+        let err = error_of(&MINIMAL.replace("[data]", "[data]\nformat = \"csv\""));
+        assert!(err.contains("format"), "{err}");
+        let err = error_of(&format!("{MINIMAL}\n[training]\nlr = -1.0\n"));
+        assert!(err.contains("training.lr"), "{err}");
+        let err = error_of(&format!("{MINIMAL}\n[training]\nwarmup = 1.5\n"));
+        assert!(err.contains("training.warmup"), "{err}");
+        let err = error_of(&format!(
+            "{MINIMAL}\n[training]\nbatch_size = 10\nmicro_batch = 4\n"
+        ));
+        assert!(err.contains("training.batch_size"), "{err}");
+        let err = error_of(&MINIMAL.replace(
+            "model = \"models/qwen3\"",
+            "model = \"models/qwen3\"\nloss = \"pkll\"",
+        ));
+        assert!(
+            err.contains("teachers[0].loss") && err.contains("pkll"),
+            "{err}"
+        );
+        let err = error_of(&MINIMAL.replace("train.jsonl", "train.csv"));
+        assert!(err.contains("data.path"), "{err}");
+        let err = error_of(&format!("{MINIMAL}\n[loss]\nweighting = \"best\"\n"));
+        assert!(err.contains("loss.weighting"), "{err}");
+        let err = error_of(&format!("{MINIMAL}\n[projection]\ngamma = 2.0\n"));
+        assert!(err.contains("gamma"), "{err}");
+        let err = error_of(&format!("{MINIMAL}\n[training]\nsteps = \"many\"\n"));
+        assert!(err.contains("steps"), "{err}");
+        let err = error_of(&MINIMAL.replace("output_dir = \"runs/a\"", ""));
+        assert!(err.contains("output_dir"), "{err}");
+    }
+}

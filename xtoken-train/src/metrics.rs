@@ -1,0 +1,313 @@
+//! Training metrics: one CSV row per step (appended as the run goes, cut back to the resumed
+//! step on `--resume`), and the loss curves drawn as an SVG.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// One step's numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepMetrics {
+    pub step: u64,
+    pub lr: f64,
+    /// The optimized loss (with dynamic scaling: `2 · L_CE` in value).
+    pub loss: f64,
+    pub ce: f64,
+    /// `Σ_m α_m L_m`.
+    pub kd: f64,
+    /// Per teacher: `L_m` and `α_m`.
+    pub teachers: Vec<(f64, f64)>,
+    /// The student's gradient norm before clipping.
+    pub grad_norm: f64,
+    pub tokens: u64,
+    pub tokens_per_s: f64,
+    pub seconds: f64,
+}
+
+/// The CSV file `metrics.csv` of a run.
+pub struct MetricsLog {
+    path: PathBuf,
+    file: File,
+    teachers: Vec<String>,
+    rows: Vec<StepMetrics>,
+}
+
+fn header(teachers: &[String]) -> String {
+    let mut h = String::from("step,lr,loss,ce,kd");
+    for name in teachers {
+        let _ = write!(h, ",loss_{name},alpha_{name}");
+    }
+    h.push_str(",grad_norm,tokens,tokens_per_s,seconds");
+    h
+}
+
+fn parse_row(line: &str, teachers: usize) -> Option<StepMetrics> {
+    let v: Vec<f64> = line
+        .split(',')
+        .map(|x| x.parse::<f64>().ok())
+        .collect::<Option<_>>()?;
+    if v.len() != 9 + 2 * teachers {
+        return None;
+    }
+    let t = 5 + 2 * teachers;
+    Some(StepMetrics {
+        step: v[0] as u64,
+        lr: v[1],
+        loss: v[2],
+        ce: v[3],
+        kd: v[4],
+        teachers: (0..teachers)
+            .map(|m| (v[5 + 2 * m], v[6 + 2 * m]))
+            .collect(),
+        grad_norm: v[t],
+        tokens: v[t + 1] as u64,
+        tokens_per_s: v[t + 2],
+        seconds: v[t + 3],
+    })
+}
+
+impl MetricsLog {
+    /// Opens `path` for a run resumed after `start_step` steps: a fresh file at 0, else the
+    /// rows of steps `1..=start_step` are kept and later ones (written after the checkpoint the
+    /// run resumes from) dropped.
+    pub fn open(path: &Path, teachers: &[String], start_step: u64) -> Result<Self> {
+        let mut rows = Vec::new();
+        if start_step > 0 && path.exists() {
+            let file =
+                File::open(path).with_context(|| format!("{}: cannot read", path.display()))?;
+            let mut lines = BufReader::new(file).lines();
+            let first = lines.next().transpose()?.unwrap_or_default();
+            if first != header(teachers) {
+                bail!(
+                    "{}: its columns do not match this run's teachers; move it away to resume",
+                    path.display()
+                );
+            }
+            for (i, line) in lines.enumerate() {
+                let line = line?;
+                let row = parse_row(&line, teachers.len())
+                    .with_context(|| format!("{}:{}: not a metrics row", path.display(), i + 2))?;
+                if row.step <= start_step {
+                    rows.push(row);
+                }
+            }
+        }
+        let mut log = MetricsLog {
+            path: path.to_path_buf(),
+            file: File::create(path)
+                .with_context(|| format!("{}: cannot write", path.display()))?,
+            teachers: teachers.to_vec(),
+            rows: Vec::new(),
+        };
+        writeln!(log.file, "{}", header(teachers))?;
+        for row in rows {
+            log.push(row)?;
+        }
+        Ok(log)
+    }
+
+    /// Appends one step.
+    pub fn push(&mut self, m: StepMetrics) -> Result<()> {
+        let mut line = format!("{},{:e},{},{},{}", m.step, m.lr, m.loss, m.ce, m.kd);
+        for (loss, alpha) in &m.teachers {
+            let _ = write!(line, ",{loss},{alpha}");
+        }
+        let _ = write!(
+            line,
+            ",{},{},{:.1},{:.3}",
+            m.grad_norm, m.tokens, m.tokens_per_s, m.seconds
+        );
+        writeln!(self.file, "{line}")
+            .and_then(|_| self.file.flush())
+            .with_context(|| format!("{}: cannot write", self.path.display()))?;
+        self.rows.push(m);
+        Ok(())
+    }
+
+    /// The rows so far.
+    #[cfg(test)]
+    pub fn rows(&self) -> &[StepMetrics] {
+        &self.rows
+    }
+
+    /// Writes the loss curves to `path` (SVG) atomically.
+    pub fn write_svg(&self, path: &Path, title: &str) -> Result<()> {
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = vec![
+            ("loss".into(), self.points(|m| m.loss)),
+            ("CE".into(), self.points(|m| m.ce)),
+            ("KD (Σ α·L)".into(), self.points(|m| m.kd)),
+        ];
+        for (i, name) in self.teachers.iter().enumerate() {
+            series.push((name.clone(), self.points(|m| m.teachers[i].0)));
+        }
+        let svg = line_chart(title, "step", &series);
+        let tmp = path.with_extension("svg.tmp");
+        std::fs::write(&tmp, svg)
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .with_context(|| format!("{}: cannot write", path.display()))
+    }
+
+    fn points(&self, f: impl Fn(&StepMetrics) -> f64) -> Vec<(f64, f64)> {
+        self.rows
+            .iter()
+            .map(|m| (m.step as f64, f(m)))
+            .filter(|(_, y)| y.is_finite())
+            .collect()
+    }
+}
+
+const COLORS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A self-contained SVG line chart of several series sharing the axes.
+pub fn line_chart(title: &str, x_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+    let (width, height) = (760.0, 420.0);
+    let (left, right, top, bottom) = (70.0, 170.0, 40.0, 50.0);
+    let all = series.iter().flat_map(|(_, p)| p.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in all {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    if x1 - x0 < 1e-12 {
+        x1 = x0 + 1.0;
+    }
+    if y1 - y0 < 1e-12 {
+        y1 = y0 + 1.0;
+    }
+    y0 = y0.min(0.0);
+    let (plot_w, plot_h) = (width - left - right, height - top - bottom);
+    let sx = |x: f64| left + (x - x0) / (x1 - x0) * plot_w;
+    let sy = |y: f64| top + (1.0 - (y - y0) / (y1 - y0)) * plot_h;
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(
+        svg,
+        r#"<rect width="100%" height="100%" fill="white"/><text x="{}" y="24" font-size="15">{}</text>"#,
+        left,
+        escape(title)
+    );
+    for i in 0..=5 {
+        let f = i as f64 / 5.0;
+        let (y, x) = (y0 + f * (y1 - y0), x0 + f * (x1 - x0));
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{left}" x2="{}" y1="{py:.1}" y2="{py:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+            left + plot_w,
+            left - 6.0,
+            sy(y) + 4.0,
+            tick(y),
+            py = sy(y)
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            sx(x),
+            top + plot_h + 18.0,
+            tick(x)
+        );
+    }
+    let _ = writeln!(
+        svg,
+        r##"<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#444"/><text x="{:.1}" y="{}" text-anchor="middle">{}</text>"##,
+        left + plot_w / 2.0,
+        height - 12.0,
+        escape(x_label)
+    );
+    for (i, (name, points)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        if !points.is_empty() {
+            let path: Vec<String> = points
+                .iter()
+                .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+                .collect();
+            let _ = writeln!(
+                svg,
+                r#"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"#,
+                path.join(" ")
+            );
+        }
+        let ly = top + 14.0 + 18.0 * i as f64;
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{}" x2="{}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="3"/><text x="{}" y="{}">{}</text>"#,
+            width - right + 12.0,
+            width - right + 32.0,
+            width - right + 38.0,
+            ly + 4.0,
+            escape(name)
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+fn tick(v: f64) -> String {
+    if v == 0.0 || (v.abs() >= 0.01 && v.abs() < 1e5) {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        format!("{v:.2e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(step: u64) -> StepMetrics {
+        StepMetrics {
+            step,
+            lr: 1e-4,
+            loss: 3.0 - step as f64 * 0.1,
+            ce: 1.5,
+            kd: 0.7,
+            teachers: vec![(0.7, 1.0)],
+            grad_norm: 2.0,
+            tokens: 100,
+            tokens_per_s: 50.0,
+            seconds: step as f64,
+        }
+    }
+
+    #[test]
+    fn resuming_keeps_the_rows_before_the_checkpoint() {
+        let dir = std::env::temp_dir().join(format!("xtoken-metrics-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.csv");
+        let teachers = vec!["qwen".to_string()];
+        let mut log = MetricsLog::open(&path, &teachers, 0).unwrap();
+        for s in 0..5 {
+            log.push(row(s)).unwrap();
+        }
+        drop(log);
+        let log = MetricsLog::open(&path, &teachers, 2).unwrap();
+        assert_eq!(log.rows(), &[row(0), row(1), row(2)]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 4);
+        assert!(text.starts_with("step,lr,loss,ce,kd,loss_qwen,alpha_qwen,grad_norm"));
+        log.write_svg(&dir.join("loss.svg"), "run").unwrap();
+        let svg = std::fs::read_to_string(dir.join("loss.svg")).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.contains("qwen"));
+        assert!(MetricsLog::open(&path, &["other".to_string()], 3).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

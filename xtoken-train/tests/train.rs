@@ -1,0 +1,265 @@
+//! `xtoken train` end to end on CPU, on the fixtures of `fixture/`.
+
+mod fixture;
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use burn::backend::NdArray;
+use fixture::*;
+use xtoken_models::Transformer;
+
+#[test]
+fn trains_two_teachers_resumes_exactly_and_saves_the_student() {
+    let f = fixture("resume");
+    // A run straight through.
+    let straight = config(&f, "straight", "");
+    let log = ok(train(&straight, &[]));
+    eprintln!("{log}");
+    assert!(log.contains("auto → Pkl"), "{log}");
+    let run = f.dir.0.join("straight");
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let rows: Vec<&str> = metrics.lines().collect();
+    assert_eq!(rows.len(), 7, "{metrics}");
+    assert!(rows[0].starts_with("step,lr,loss,ce,kd,loss_digits,alpha_digits,loss_same,alpha_same"));
+    for row in &rows[1..] {
+        let values: Vec<f64> = row.split(',').map(|v| v.parse().unwrap()).collect();
+        assert!(values.iter().all(|v| v.is_finite()), "{row}");
+        // Dynamic scaling: the value of L is 2·CE; both teachers contribute.
+        assert!(
+            (values[2] - 2.0 * values[3]).abs() < 1e-4 * values[2].abs(),
+            "{row}"
+        );
+        assert!(values[5] > 0.0 && values[7] > 0.0, "{row}");
+        assert_eq!((values[6], values[8]), (1.0, 0.5), "{row}");
+    }
+    let svg = std::fs::read_to_string(run.join("loss.svg")).unwrap();
+    assert!(svg.contains("<polyline") && svg.contains("digits"));
+    let mut checkpoints: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    checkpoints.sort();
+    assert_eq!(checkpoints, ["step-00000004", "step-00000006"]);
+    // The student is a Hugging Face directory the models crate loads back.
+    let student = run.join("student");
+    assert!(student.join("tokenizer.json").exists());
+    let loaded = Transformer::<NdArray>::load(&student, &Default::default()).unwrap();
+    assert_eq!(loaded.architecture.vocab_size, 356);
+    // W was built once and stored.
+    assert!(run.join("projections/digits.W.safetensors").exists());
+
+    // The same run, stopped after step 3, killed while saving step 4, then resumed.
+    let interrupted = config(&f, "interrupted", "");
+    ok(train(&interrupted, &["--stop-after", "3"]));
+    let run2 = f.dir.0.join("interrupted");
+    let partial = run2.join("checkpoints/step-00000004.tmp-12345");
+    std::fs::create_dir_all(&partial).unwrap();
+    std::fs::write(partial.join("student.bin"), b"half a file").unwrap();
+    let log = ok(train(&interrupted, &["--resume"]));
+    assert!(
+        log.contains("resuming from") && log.contains("step 3"),
+        "{log}"
+    );
+    assert!(!partial.exists());
+    let resumed = std::fs::read_to_string(run2.join("metrics.csv")).unwrap();
+    let columns = |text: &str| -> Vec<Vec<String>> {
+        text.lines()
+            .map(|l| l.split(',').take(9).map(String::from).collect())
+            .collect()
+    };
+    assert_eq!(columns(&resumed), columns(&metrics));
+    assert_eq!(
+        std::fs::read(student.join("model.safetensors")).unwrap(),
+        std::fs::read(run2.join("student/model.safetensors")).unwrap(),
+        "the resumed run must end with the very same weights"
+    );
+
+    // A finished run refuses to start over in the same directory.
+    let out = train(&straight, &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--resume"));
+}
+
+/// A snappy-compressed parquet file with an id column and the texts in `text`.
+fn write_parquet(path: &std::path::Path, texts: &[String]) {
+    use parquet::basic::Compression;
+    use parquet::data_type::{ByteArray, ByteArrayType, Int32Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use std::sync::Arc;
+    let schema = parquet::schema::parser::parse_message_type(
+        "message docs { required int32 id; required binary text (UTF8); }",
+    )
+    .unwrap();
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .build();
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props)).unwrap();
+    let mut group = writer.next_row_group().unwrap();
+    let ids: Vec<i32> = (0..texts.len() as i32).collect();
+    let mut column = group.next_column().unwrap().unwrap();
+    column
+        .typed::<Int32Type>()
+        .write_batch(&ids, None, None)
+        .unwrap();
+    column.close().unwrap();
+    let values: Vec<ByteArray> = texts.iter().map(|t| ByteArray::from(t.as_str())).collect();
+    let mut column = group.next_column().unwrap().unwrap();
+    column
+        .typed::<ByteArrayType>()
+        .write_batch(&values, None, None)
+        .unwrap();
+    column.close().unwrap();
+    group.close().unwrap();
+    writer.close().unwrap();
+}
+
+#[test]
+fn other_losses_and_text_formats() {
+    let f = fixture("formats");
+    let txt = f.dir.0.join("train.txt");
+    std::fs::write(&txt, problems(12).join("\n\n") + "\n").unwrap();
+    let parquet = f.dir.0.join("train.parquet");
+    write_parquet(&parquet, &problems(12));
+    for (tag, loss, data) in [
+        ("hkl", "hkl", &txt),
+        ("gold", "gold", &txt),
+        ("uld", "uld", &parquet),
+    ] {
+        let path = config(&f, tag, "");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("loss = \"auto\"", &format!("loss = \"{loss}\""))
+            .replace(&f.data.display().to_string(), &data.display().to_string())
+            .replace("steps = 6", "steps = 2");
+        std::fs::write(&path, text).unwrap();
+        ok(train(&path, &[]));
+        let metrics = std::fs::read_to_string(f.dir.0.join(tag).join("metrics.csv")).unwrap();
+        assert_eq!(metrics.lines().count(), 3, "{loss}: {metrics}");
+    }
+}
+
+#[test]
+fn bad_configurations_name_the_key() {
+    let f = fixture("errors");
+    let cases = [
+        ("[training]\nsteps = 6", "[training]\nstep = 6", "step"),
+        (
+            "loss = \"auto\"",
+            "loss = \"projected\"",
+            "teachers[0].loss",
+        ),
+        ("micro_batch = 2", "micro_batch = 3", "training.batch_size"),
+        (
+            "top_k = 16",
+            "top_k = 16\ntemperature = 0.0",
+            "loss.temperature",
+        ),
+    ];
+    for (from, to, named) in cases {
+        let path = config(&f, "bad", "");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replacen(from, to, 1);
+        std::fs::write(&path, text).unwrap();
+        let out = train(&path, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{to}");
+        assert!(
+            err.contains(named) && err.contains("bad.toml"),
+            "{to}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // A student tokenizer that is not the teacher's cannot be distilled with KL.
+    let path = config(&f, "kl", "");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("loss = \"auto\"", "loss = \"kl\"");
+    std::fs::write(&path, text).unwrap();
+    let out = train(&path, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("teachers[0].loss = \"kl\""), "{err}");
+    // A JSON line without the text field names the file and line.
+    std::fs::write(&f.data, "{\"text\": \"fine\"}\n{\"body\": \"no text\"}\n").unwrap();
+    let path = config(&f, "data", "");
+    let out = train(&path, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("train.jsonl:2") && err.contains("text"),
+        "{err}"
+    );
+}
+
+/// The real pipeline at full vocabulary widths: Llama-3.2's tokenizer for the student, Qwen3's
+/// (151,936 rows) and Phi-4-mini's for two teachers, tiny random models, `auto` losses.
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn real_tokenizers_llama_student_qwen3_and_phi4_teachers() {
+    let tokenizers = support::tokenizers_dir();
+    let f = fixture("real");
+    let model = |name: &str, tokenizer: &str, vocab: usize, seed: u64| {
+        let dir = f.dir.0.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let arch = xtoken_models::config::Architecture::llama(vocab, 16, 32, 1, 2, 1);
+        Transformer::<NdArray>::random(&arch, seed, burn::tensor::DType::F32, &Default::default())
+            .unwrap()
+            .save(&dir, xtoken_models::SaveDtype::F32)
+            .unwrap();
+        std::fs::copy(
+            tokenizers.join(tokenizer).join("tokenizer.json"),
+            dir.join("tokenizer.json"),
+        )
+        .unwrap();
+        dir
+    };
+    let student = model("llama", "llama-3.2", 128_256, 1);
+    let qwen = model("qwen3", "qwen3", 151_936, 2);
+    let phi = model("phi4", "phi-4-mini", 200_064, 3);
+    let path = f.dir.0.join("real.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+output_dir = "{out}"
+[student]
+model = "{student}"
+[[teachers]]
+model = "{qwen}"
+[[teachers]]
+model = "{phi}"
+alpha = 0.5
+[data]
+path = "{data}"
+[training]
+steps = 2
+batch_size = 2
+micro_batch = 1
+context_length = 48
+[loss]
+top_k = 64
+"#,
+            out = f.dir.0.join("run").display(),
+            student = student.display(),
+            qwen = qwen.display(),
+            phi = phi.display(),
+            data = f.data.display(),
+        ),
+    )
+    .unwrap();
+    let log = ok(train(&path, &[]));
+    eprintln!("{log}");
+    // Numerals: Llama-3 packs up to 3 digits, Qwen3 splits them → P-KL.
+    assert!(log.contains("teacher qwen3: auto → Pkl"), "{log}");
+    let metrics = std::fs::read_to_string(f.dir.0.join("run/metrics.csv")).unwrap();
+    assert_eq!(metrics.lines().count(), 3, "{metrics}");
+    assert!(metrics
+        .lines()
+        .next()
+        .unwrap()
+        .contains("loss_qwen3,alpha_qwen3,loss_phi4"));
+    let saved =
+        Transformer::<NdArray>::load(&f.dir.0.join("run/student"), &Default::default()).unwrap();
+    assert_eq!(saved.architecture.vocab_size, 128_256);
+}
