@@ -10,6 +10,7 @@ mod bench_train;
 mod config;
 mod data;
 mod ddp;
+mod demo;
 mod metrics;
 mod models;
 mod train;
@@ -42,6 +43,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The paper's main result in miniature on a CPU: synthetic arithmetic, tokenizers trained
+    /// here (digit-splitting teacher, 1–3-digit student), a tiny teacher, and students distilled
+    /// with CE only, GOLD, ULD, P-KL and H-KL; prints the table and writes a plot.
+    Demo(demo::DemoArgs),
     /// Distill a student from one or more teachers: `xtoken train --config run.toml`.
     Train(train::TrainArgs),
     /// Build or inspect the projection matrix W between a student and a teacher tokenizer.
@@ -200,6 +205,7 @@ struct AuditArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
         Command::Train(args) => train::start(args),
         Command::Projection(ProjectionCommand::Build(args)) => build(args),
         Command::Projection(ProjectionCommand::Show(args)) => show(args),
