@@ -63,13 +63,7 @@ impl<B: Backend> Backward<B, 2> for LogitsWeightsBackward {
 fn inner_entries<B: Backend, C: CheckpointStrategy>(
     entries: TeacherEntries<Autodiff<B, C>>,
 ) -> TeacherEntries<B> {
-    TeacherEntries {
-        ids: entries.ids,
-        logp: entries.logp.primitive,
-        k: entries.k,
-        vocab: entries.vocab,
-        confidence: entries.confidence,
-    }
+    entries.map_tensors(|ids| ids, |logp| logp.primitive)
 }
 
 fn untracked<B: Backend, C: CheckpointStrategy>(
@@ -92,13 +86,7 @@ impl<B: XTokenBackend, C: CheckpointStrategy> XTokenBackend for Autodiff<B, C> {
         spec: &TeacherSpec,
     ) -> Result<TeacherEntries<Self>, KernelError> {
         let entries = B::xt_teacher_entries(logits.primitive, spec)?;
-        Ok(TeacherEntries {
-            ids: entries.ids,
-            logp: <Self as AutodiffBackend>::from_inner(entries.logp),
-            k: entries.k,
-            vocab: entries.vocab,
-            confidence: entries.confidence,
-        })
+        Ok(entries.map_tensors(|ids| ids, <Self as AutodiffBackend>::from_inner))
     }
 
     fn xt_loss(

@@ -54,13 +54,7 @@ fn outer_int<B: FusionBackend>(client: &Client<B>, t: IntTensor<B>) -> IntTensor
 }
 
 fn inner_entries<B: FusionBackend>(e: TeacherEntries<Fusion<B>>) -> TeacherEntries<B> {
-    TeacherEntries {
-        ids: inner_int::<B>(e.ids),
-        logp: inner_float::<B>(e.logp),
-        k: e.k,
-        vocab: e.vocab,
-        confidence: e.confidence,
-    }
+    e.map_tensors(inner_int::<B>, inner_float::<B>)
 }
 
 impl<B: FusionBackend + XTokenBackend> XTokenBackend for Fusion<B> {
@@ -70,13 +64,10 @@ impl<B: FusionBackend + XTokenBackend> XTokenBackend for Fusion<B> {
     ) -> Result<TeacherEntries<Self>, KernelError> {
         let client = logits.client.clone();
         let found = B::xt_teacher_entries(inner_float::<B>(logits), spec)?;
-        Ok(TeacherEntries {
-            ids: outer_int::<B>(&client, found.ids),
-            logp: outer_float::<B>(&client, found.logp),
-            k: found.k,
-            vocab: found.vocab,
-            confidence: found.confidence,
-        })
+        Ok(found.map_tensors(
+            |ids| outer_int::<B>(&client, ids),
+            |logp| outer_float::<B>(&client, logp),
+        ))
     }
 
     fn xt_loss(

@@ -50,6 +50,24 @@ pub struct TeacherEntries<B: Backend> {
     pub confidence: Option<Confidence>,
 }
 
+impl<B: Backend> TeacherEntries<B> {
+    /// The same entries with their two tensors moved to another backend: the inner or outer
+    /// backend of a wrapping extension (autodiff, fusion).
+    pub fn map_tensors<C: Backend>(
+        self,
+        ids: impl FnOnce(IntTensor<B>) -> IntTensor<C>,
+        logp: impl FnOnce(FloatTensor<B>) -> FloatTensor<C>,
+    ) -> TeacherEntries<C> {
+        TeacherEntries {
+            ids: ids(self.ids),
+            logp: logp(self.logp),
+            k: self.k,
+            vocab: self.vocab,
+            confidence: self.confidence,
+        }
+    }
+}
+
 /// The sparse projection W `[V_S, K_w]` on the device: teacher ids (`-1`: empty slot) and
 /// non-negative weights whose rows sum to 1 (or 0 for an empty row).
 #[derive(Debug, Clone)]
