@@ -226,6 +226,8 @@ pub fn align(args: AlignBenchArgs) -> Result<()> {
 mod corpora {
     use std::path::{Path, PathBuf};
 
+    use crate::rng::SplitMix64;
+
     /// One kind of text.
     pub struct Corpus {
         pub kind: &'static str,
@@ -380,24 +382,9 @@ mod corpora {
         )
     }
 
-    /// A seeded generator (SplitMix64): the same text on every machine.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
-
     /// Tables, decimals, dates, money and arithmetic, generated.
     fn numbers(limit: usize) -> Option<Corpus> {
-        let mut rng = Rng(1);
+        let mut rng = SplitMix64(1);
         let mut text = String::new();
         while text.len() < limit {
             let line = match rng.below(6) {
@@ -477,7 +464,7 @@ mod corpora {
             "🐍",
             "🦀",
         ];
-        let mut rng = Rng(2);
+        let mut rng = SplitMix64(2);
         let mut text = String::new();
         while text.len() < limit {
             for _ in 0..(3 + rng.below(8)) {

@@ -376,16 +376,14 @@ impl RunConfig {
             "cpu" | "cuda" | "wgpu" => {}
             other => bail!("device = {other:?}: expected \"cpu\", \"cuda\" or \"wgpu\""),
         }
-        DtypeChoice::parse("student.dtype", &self.student.dtype, false)?;
+        self.student_dtype()?;
         if self.teachers.is_empty() {
             bail!("teachers: at least one [[teachers]] table is needed");
         }
         let mut names = std::collections::HashSet::new();
-        for (i, teacher) in self.teachers.iter().enumerate() {
-            LossMode::parse(&format!("teachers[{i}].loss"), &teacher.loss)?;
-            DtypeChoice::parse(&format!("teachers[{i}].dtype"), &teacher.dtype, true)?;
+        for (i, teacher) in self.teacher_specs()?.into_iter().enumerate() {
             non_negative(&format!("teachers[{i}].alpha"), teacher.alpha)?;
-            let name = self.teacher_name(i);
+            let name = teacher.name;
             if name.is_empty()
                 || !name
                     .chars()
@@ -455,7 +453,7 @@ impl RunConfig {
         positive("projection.lr", p.lr)?;
         at_least_one("checkpoint.every", self.checkpoint.every)?;
         at_least_one("checkpoint.keep", self.checkpoint.keep as u64)?;
-        DtypeChoice::parse("checkpoint.save_dtype", &self.checkpoint.save_dtype, false)?;
+        self.save_dtype()?;
         Ok(())
     }
 

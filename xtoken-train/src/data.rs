@@ -28,6 +28,7 @@ use xtoken_core::cache::AlignCache;
 use xtoken_core::plan::{BatchPlan, ChunkPlan, MergeVariant, PlanItem};
 
 use crate::config::DataFormat;
+use crate::rng::SplitMix64;
 
 /// One document as read, before its text is extracted (JSON is parsed by the workers).
 pub struct RawDoc {
@@ -365,21 +366,12 @@ impl DocView {
     }
 }
 
-/// splitmix64: the seeded generator behind the data order.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Epoch `epoch`'s document order.
 fn epoch_order(docs: usize, seed: u64, epoch: u64) -> Vec<u32> {
     let mut order: Vec<u32> = (0..docs as u32).collect();
-    let mut state = seed ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut rng = SplitMix64(seed ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03));
     for i in (1..order.len()).rev() {
-        let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
+        let j = rng.below(i as u64 + 1) as usize;
         order.swap(i, j);
     }
     order
@@ -660,8 +652,7 @@ impl Loader {
 
 impl Drop for Loader {
     fn drop(&mut self) {
-        // Unblock a sender waiting on a full channel, then let the thread end.
-        while self.receiver.try_recv().is_ok() {}
+        // Disconnecting the channel fails the thread's next (or pending) send, which ends it.
         if let Some(handle) = self.handle.take() {
             drop(std::mem::replace(&mut self.receiver, sync_channel(1).1));
             let _ = handle.join();

@@ -13,6 +13,7 @@ mod ddp;
 mod demo;
 mod metrics;
 mod models;
+mod rng;
 mod train;
 
 #[global_allocator]

@@ -22,7 +22,7 @@ use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
 use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
+use burn::tensor::{Bool, DType, ElementConversion, Int, Tensor, TensorData};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -297,8 +297,6 @@ fn clip_global_norm<B: AutodiffBackend>(
     }
     total
 }
-
-use burn::tensor::ElementConversion;
 
 /// The newest complete checkpoint under `dir`, removing interrupted saves.
 fn latest_checkpoint(dir: &Path) -> Result<Option<(PathBuf, CheckpointState)>> {
