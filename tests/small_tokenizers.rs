@@ -8,6 +8,10 @@ use xtoken::core::projection::{ProjectionParams, RowSource, SparseProjection};
 use xtoken::core::vocab::{TokenKind, Vocabulary};
 use xtoken::core::Error;
 
+#[path = "support/tokenizer_json.rs"]
+mod tokenizer_json;
+use tokenizer_json::byte_level;
+
 /// A fresh directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
 
@@ -35,28 +39,6 @@ impl Drop for TempDir {
 fn added(id: u32, content: &str, special: bool) -> String {
     format!(
         r#"{{"id":{id},"content":"{content}","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":{special}}}"#
-    )
-}
-
-/// A byte-level BPE tokenizer (GPT-2 style) over the given vocabulary and merges.
-fn byte_level(vocab: &[&str], merges: &[&str], added_tokens: &[String]) -> String {
-    let vocab: Vec<String> = vocab
-        .iter()
-        .enumerate()
-        .map(|(i, t)| format!("{}:{i}", serde_json::to_string(t).unwrap()))
-        .collect();
-    format!(
-        r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[{}],
-        "normalizer":null,
-        "pre_tokenizer":{{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true}},
-        "post_processor":null,
-        "decoder":{{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true}},
-        "model":{{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,
-          "end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,
-          "vocab":{{{}}},"merges":{}}}}}"#,
-        added_tokens.join(","),
-        vocab.join(","),
-        serde_json::to_string(merges).unwrap()
     )
 }
 
