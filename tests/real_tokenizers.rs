@@ -7,12 +7,13 @@ use std::sync::OnceLock;
 use support::tokenizers_dir;
 
 use proptest::prelude::*;
-use xtoken::core::audit::{self, AuditOptions, LossChoice};
+use xtoken::core::audit::{self, AuditOptions};
 use xtoken::core::canon::{canonical_token, SpecialRole};
 use xtoken::core::common::CommonSet;
 use xtoken::core::projection::{BuildReport, ProjectionParams, RowSource, SparseProjection};
 use xtoken::core::vocab::{TokenKind, Vocabulary};
 use xtoken::core::Error;
+use xtoken::loss::LossKind;
 
 fn load(name: &str, padded: Option<usize>) -> Vocabulary {
     Vocabulary::load_padded(tokenizers_dir().join(name), padded)
@@ -334,13 +335,13 @@ fn audit_matches_the_papers_table() {
         (0, 1000)
     );
     assert_eq!(get(&report, "digits_3").projected, 1000);
-    assert_eq!(report.recommendation, LossChoice::Pkl);
+    assert_eq!(report.recommendation, LossKind::Pkl);
 
     let p = llama_phi();
     let report = audit::audit(&p.student, &p.teacher, &p.w, &options);
     assert_eq!(get(&report, "digits_2").common, 100);
     assert_eq!(get(&report, "digits_3").common, 1000);
-    assert_eq!(report.recommendation, LossChoice::Hkl);
+    assert_eq!(report.recommendation, LossKind::Hkl);
 
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["recommendation"], "hkl");

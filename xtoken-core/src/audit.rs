@@ -7,6 +7,8 @@
 //! paper's table lists 13 one-digit Llama numerals, which matches no ASCII-only count (Llama-3 has
 //! ten), so superscripts and other Unicode digits fall under `non_ascii` here.
 
+use xtoken_kernels::LossKind;
+
 use crate::common::CommonSet;
 use crate::error::{Error, Result};
 use crate::projection::SparseProjection;
@@ -132,16 +134,6 @@ impl Category {
     }
 }
 
-/// Which loss the audit recommends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LossChoice {
-    /// P-KL: project the student through W; no partition.
-    Pkl,
-    /// H-KL: hybrid common-KL + ULD over the relaxed common set.
-    Hkl,
-}
-
 /// Audit settings.
 #[derive(Debug, Clone)]
 pub struct AuditOptions {
@@ -184,8 +176,8 @@ pub struct AuditReport {
     pub teacher: String,
     /// Per-category coverage, in [`Category::ALL`] order, empty categories left out.
     pub categories: Vec<CategoryCoverage>,
-    /// The recommended loss.
-    pub recommendation: LossChoice,
+    /// The recommended loss: P-KL or H-KL.
+    pub recommendation: LossKind,
     /// Why, in one sentence.
     pub reason: String,
 }
@@ -243,7 +235,7 @@ fn percent(part: usize, total: usize) -> f64 {
     }
 }
 
-fn recommend(coverage: &[CategoryCoverage], options: &AuditOptions) -> (LossChoice, String) {
+fn recommend(coverage: &[CategoryCoverage], options: &AuditOptions) -> (LossKind, String) {
     let critical: Vec<(Category, &CategoryCoverage)> = options
         .critical
         .iter()
@@ -262,7 +254,7 @@ fn recommend(coverage: &[CategoryCoverage], options: &AuditOptions) -> (LossChoi
     });
     let Some(&(category, cov)) = worst else {
         return (
-            LossChoice::Hkl,
+            LossKind::Hkl,
             "The student has no tokens in the critical categories, so nothing critical is routed \
              to rank-matched ULD and H-KL's sharper common-KL applies."
                 .to_string(),
@@ -271,7 +263,7 @@ fn recommend(coverage: &[CategoryCoverage], options: &AuditOptions) -> (LossChoi
     let fraction = cov.common as f64 / cov.total as f64;
     if fraction < options.min_coverage {
         (
-            LossChoice::Pkl,
+            LossKind::Pkl,
             format!(
                 "Only {}/{} {} ({:.0}%) are in the strict common set C, so GOLD-style partitions \
                  would supervise them by rank-matched ULD; P-KL reaches {}/{} of them through W.",
@@ -285,7 +277,7 @@ fn recommend(coverage: &[CategoryCoverage], options: &AuditOptions) -> (LossChoi
         )
     } else {
         (
-            LossChoice::Hkl,
+            LossKind::Hkl,
             format!(
                 "Every critical category keeps at least {:.0}% of its tokens in C (lowest: {} at \
                  {}/{}), so H-KL's direct common-KL gives sharper targets than P-KL's projection.",
@@ -335,11 +327,11 @@ impl AuditReport {
             cell(sums[2], sums[0]),
             cell(sums[3], sums[0])
         );
-        let name = match self.recommendation {
-            LossChoice::Pkl => "P-KL",
-            LossChoice::Hkl => "H-KL",
-        };
-        out += &format!("**Recommendation: {name}.** {}\n", self.reason);
+        out += &format!(
+            "**Recommendation: {}.** {}\n",
+            self.recommendation.name(),
+            self.reason
+        );
         out
     }
 }
@@ -389,7 +381,7 @@ mod tests {
             cov("digits_3", 1000, 0),
         ];
         let (choice, reason) = recommend(&c, &AuditOptions::default());
-        assert_eq!(choice, LossChoice::Pkl);
+        assert_eq!(choice, LossKind::Pkl);
         assert!(reason.contains("0/100 2-digit numerals"), "{reason}");
     }
 
@@ -401,7 +393,7 @@ mod tests {
             cov("digits_3", 1000, 999),
         ];
         let (choice, reason) = recommend(&c, &AuditOptions::default());
-        assert_eq!(choice, LossChoice::Hkl);
+        assert_eq!(choice, LossKind::Hkl);
         assert!(reason.contains("3-digit numerals at 999/1000"), "{reason}");
     }
 

@@ -1,6 +1,12 @@
 //! The common set C of token pairs that the hybrid losses supervise with direct KL: GOLD's strict
-//! 1-to-1 set (paper Eq. "gold_common") and H-KL's relaxed set, extended through W's top-1.
+//! 1-to-1 set (paper Eq. "gold_common") and H-KL's relaxed set, extended through W's top-1; and
+//! [`CommonTables`], the set as the partner tables the fused losses read.
 
+use std::sync::Arc;
+
+use xtoken_kernels::CommonPairs;
+
+use crate::error::{Error, Result};
 use crate::matching::{ExactMatcher, Partners};
 use crate::projection::SparseProjection;
 use crate::vocab::Vocabulary;
@@ -66,7 +72,7 @@ impl CommonSet {
 
     /// A set from explicit pairs over a student vocabulary of `student_size` ids; refuses a
     /// student or teacher id that occurs twice or a student id past the vocabulary.
-    pub fn new(mut pairs: Vec<(u32, u32)>, student_size: usize) -> crate::Result<Self> {
+    pub fn new(mut pairs: Vec<(u32, u32)>, student_size: usize) -> Result<Self> {
         pairs.sort_unstable();
         let mut teachers: Vec<u32> = pairs.iter().map(|&(_, t)| t).collect();
         teachers.sort_unstable();
@@ -76,14 +82,14 @@ impl CommonSet {
             .map(|s| ("student", s))
             .or(repeated_teacher.map(|t| ("teacher", t)))
         {
-            return Err(crate::Error::BadParameter {
+            return Err(Error::BadParameter {
                 name: "common set",
                 value: format!("{side} id {id} in two pairs"),
                 why: "the common set must be 1-to-1",
             });
         }
         if let Some(&(s, _)) = pairs.iter().find(|&&(s, _)| s as usize >= student_size) {
-            return Err(crate::Error::BadParameter {
+            return Err(Error::BadParameter {
                 name: "common set",
                 value: format!("student id {s}"),
                 why: "is past the student vocabulary",
@@ -120,6 +126,50 @@ impl CommonSet {
     /// Whether student token `s` is in a pair.
     pub fn contains_student(&self, s: u32) -> bool {
         self.student_in.get(s as usize).copied().unwrap_or(false)
+    }
+}
+
+/// A common set as the partner tables the fused loss reads, for logits of given widths.
+#[derive(Debug, Clone)]
+pub struct CommonTables {
+    pairs: Arc<CommonPairs>,
+    pair_count: usize,
+}
+
+impl CommonTables {
+    /// Tables for student logits `student_vocab` wide and teacher logits `teacher_vocab` wide
+    /// (model vocabularies may be padded beyond their tokenizers).
+    pub fn new(set: &CommonSet, student_vocab: usize, teacher_vocab: usize) -> Result<Self> {
+        let pairs = CommonPairs::new(set.pairs(), student_vocab, teacher_vocab)?;
+        Ok(Self {
+            pairs: Arc::new(pairs),
+            pair_count: set.len(),
+        })
+    }
+
+    /// Number of pairs, |C|.
+    pub fn len(&self) -> usize {
+        self.pair_count
+    }
+
+    /// Whether C is empty.
+    pub fn is_empty(&self) -> bool {
+        self.pair_count == 0
+    }
+
+    pub(crate) fn pairs_for(&self, student: usize, teacher: usize) -> Result<Arc<CommonPairs>> {
+        let found = (
+            self.pairs.student_partner.len(),
+            self.pairs.teacher_partner.len(),
+        );
+        if found != (student, teacher) {
+            return Err(Error::Shape {
+                what: "common set tables",
+                expected: format!("student {student} × teacher {teacher} (the logits' widths)"),
+                found: format!("student {} × teacher {}", found.0, found.1),
+            });
+        }
+        Ok(self.pairs.clone())
     }
 }
 

@@ -6,7 +6,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::{Tensor, TensorData};
-use xtoken_core::common::CommonSet;
+use xtoken_core::common::{CommonSet, CommonTables};
 use xtoken_core::loss::{
     ce, gold, hkl, kl, multi, pkl::LearnableProjection, scaling, uld, Loss, LossParams,
     TeacherTargets, TopK,
@@ -476,7 +476,7 @@ fn gold_and_uld_match_reference() {
             let Ref::Hybrid(pairs, ..) = r else {
                 unreachable!()
             };
-            let tables = gold::CommonTables::new(&common_set(pairs, vs), vs, vt).unwrap();
+            let tables = CommonTables::new(&common_set(pairs, vs), vs, vt).unwrap();
             gold::loss(s, t, &tables, p).unwrap()
         },
     );
@@ -504,7 +504,7 @@ fn hybrid_weights_are_applied() {
                 lambda_uld: 2.5,
                 ..p.clone()
             };
-            let tables = gold::CommonTables::new(&common_set(pairs, vs), vs, vt).unwrap();
+            let tables = CommonTables::new(&common_set(pairs, vs), vs, vt).unwrap();
             gold::loss(s, t, &tables, &params).unwrap()
         },
     );
@@ -614,7 +614,7 @@ fn proposition_1_suppressive_gradient() {
         let targets = TeacherTargets::new(teacher, &batch, &params).unwrap();
         let student = Tensor::<B, 3>::from_data(TensorData::new(z.clone(), [1, 2, vs]), &device)
             .require_grad();
-        let tables = gold::CommonTables::new(&common_set(&pairs, vs), vs, vt).unwrap();
+        let tables = CommonTables::new(&common_set(&pairs, vs), vs, vt).unwrap();
         let loss = gold::loss(student.clone(), &targets, &tables, &params).unwrap();
         let grad = to_vec(student.grad(&loss.backward()).unwrap());
 
@@ -697,7 +697,7 @@ fn hkl_with_exact_only_w_equals_gold() {
     let plan = case.batch_plan(MergeVariant::FirstToken);
     let targets = TeacherTargets::new(case.teacher_tensor(), &plan, &params).unwrap();
     let relaxed = hkl::tables(&strict, &w, vs, vt).unwrap();
-    let gold_tables = gold::CommonTables::new(&strict, vs, vt).unwrap();
+    let gold_tables = CommonTables::new(&strict, vs, vt).unwrap();
     assert_eq!(relaxed.len(), gold_tables.len());
     let h = hkl::loss(case.student_tensor(), &targets, &relaxed, &params).unwrap();
     let g = gold::loss(case.student_tensor(), &targets, &gold_tables, &params).unwrap();
@@ -747,7 +747,7 @@ fn one_teacher_with_alpha_one_equals_the_single_teacher_loss() {
         xtoken_core::loss::pkl::loss(case.student_tensor(), &targets, &module, &params).unwrap();
     let teachers = [multi::Teacher {
         targets: &targets,
-        loss: Loss::Pkl(&module),
+        loss: Loss::pkl(&module),
         alpha: 1.0,
     }];
     let combined = multi::loss(
@@ -794,12 +794,12 @@ fn two_teachers_sum_with_their_weights_and_gradients_add() {
     let teachers = [
         multi::Teacher {
             targets: &targets_a,
-            loss: Loss::Pkl(&module),
+            loss: Loss::pkl(&module),
             alpha: 0.7,
         },
         multi::Teacher {
             targets: &targets_b,
-            loss: Loss::Kl,
+            loss: Loss::kl(),
             alpha: 0.3,
         },
     ];
@@ -881,19 +881,19 @@ fn adaptive_alpha_is_a_softmax_of_teacher_confidence() {
     };
     let (ca, cb) = (conf(&case_a), conf(&case_b));
     for (kind, i) in [
-        (multi::Confidence::NegCrossEntropy, 0),
-        (multi::Confidence::NegEntropy, 1),
-        (multi::Confidence::MaxProb, 2),
+        (multi::ConfidenceMeasure::NegCrossEntropy, 0),
+        (multi::ConfidenceMeasure::NegEntropy, 1),
+        (multi::ConfidenceMeasure::MaxProb, 2),
     ] {
         let teachers = [
             multi::Teacher {
                 targets: &ta,
-                loss: Loss::Uld,
+                loss: Loss::uld(),
                 alpha: 0.0,
             },
             multi::Teacher {
                 targets: &tb,
-                loss: Loss::Uld,
+                loss: Loss::uld(),
                 alpha: 0.0,
             },
         ];
@@ -913,12 +913,12 @@ fn adaptive_alpha_is_a_softmax_of_teacher_confidence() {
     .unwrap();
     let teachers = [multi::Teacher {
         targets: &plain,
-        loss: Loss::Uld,
+        loss: Loss::uld(),
         alpha: 1.0,
     }];
     let err = multi::alphas(
         &teachers,
-        multi::Weighting::Adaptive(multi::Confidence::MaxProb),
+        multi::Weighting::Adaptive(multi::ConfidenceMeasure::MaxProb),
     )
     .unwrap_err();
     assert!(err.to_string().contains("with_confidence"), "{err}");
@@ -1042,7 +1042,7 @@ fn row_chunk_does_not_change_the_result() {
     let (vs, vt) = (8, 10);
     let case = case(9, vs, vt);
     let pairs = random_common(&mut Rng(1), vs, vt);
-    let tables = gold::CommonTables::new(&common_set(&pairs, vs), vs, vt).unwrap();
+    let tables = CommonTables::new(&common_set(&pairs, vs), vs, vt).unwrap();
     let mut seen = Vec::new();
     for row_chunk in [1, 2, 5, 1000] {
         let params = LossParams {
@@ -1164,7 +1164,7 @@ fn shapes_and_parameters_are_checked() {
     let err = kl::loss(narrow, &targets, &params).unwrap_err();
     assert!(err.to_string().contains("out of range"), "{err}");
     // Tables built for other widths.
-    let tables = gold::CommonTables::new(&common_set(&[(0, 0)], vs), vs, vt + 1).unwrap();
+    let tables = CommonTables::new(&common_set(&[(0, 0)], vs), vs, vt + 1).unwrap();
     let err = gold::loss(case.student_tensor(), &targets, &tables, &params).unwrap_err();
     assert!(err.to_string().contains("common set tables"), "{err}");
     // A bad temperature is named.
@@ -1233,7 +1233,7 @@ proptest::proptest! {
         let targets = TeacherTargets::new(c.teacher_tensor(), &plan, &params).unwrap();
         let mut rng = Rng(seed ^ 0xabcd);
         let w = LearnableProjection::<B>::new(&random_projection(&mut rng, vs, vt), vs, &Default::default()).unwrap();
-        let tables = gold::CommonTables::new(&common_set(&random_common(&mut rng, vs, vt), vs), vs, vt).unwrap();
+        let tables = CommonTables::new(&common_set(&random_common(&mut rng, vs, vt), vs), vs, vt).unwrap();
         for (name, loss) in [
             ("ULD", uld::loss(c.student_tensor(), &targets, &params).unwrap()),
             ("GOLD", gold::loss(c.student_tensor(), &targets, &tables, &params).unwrap()),

@@ -12,8 +12,8 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use crate::{
-    GradRequest, KernelError, LossOutput, LossSpec, ProjectionTensors, TeacherEntries, TeacherSpec,
-    XTokenBackend,
+    DistillSpec, EntriesSpec, GradRequest, KernelError, LossOutput, ProjectionTensors,
+    TeacherEntries, XTokenBackend,
 };
 
 /// `stored · upstream`, the upstream gradient of a scalar loss being `[1]`.
@@ -80,49 +80,56 @@ fn untracked<B: Backend, C: CheckpointStrategy>(
     }
 }
 
+/// A loss whose only tracked input is the logits: evaluated with their gradient when the graph
+/// wants it, which the backward step then scales.
+fn logits_only<B: Backend, C: CheckpointStrategy>(
+    logits: FloatTensor<Autodiff<B, C>>,
+    want_logits: bool,
+    eval: impl FnOnce(FloatTensor<B>, bool) -> Result<LossOutput<B>, KernelError>,
+) -> Result<LossOutput<Autodiff<B, C>>, KernelError> {
+    match LogitsBackward
+        .prepare::<C>([logits.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let out = eval(logits.primitive, true)?;
+            Ok(LossOutput {
+                value: prep.finish(out.grad_logits, out.value),
+                grad_logits: None,
+                grad_weights: None,
+            })
+        }
+        OpsKind::UnTracked(_) => Ok(untracked(eval(logits.primitive, want_logits)?)),
+    }
+}
+
 impl<B: XTokenBackend, C: CheckpointStrategy> XTokenBackend for Autodiff<B, C> {
     fn xt_teacher_entries(
         logits: FloatTensor<Self>,
-        spec: &TeacherSpec,
+        spec: &EntriesSpec,
     ) -> Result<TeacherEntries<Self>, KernelError> {
         let entries = B::xt_teacher_entries(logits.primitive, spec)?;
         Ok(entries.map_tensors(|ids| ids, <Self as AutodiffBackend>::from_inner))
     }
 
-    fn xt_loss(
+    fn xt_distill(
         logits: FloatTensor<Self>,
+        teacher: TeacherEntries<Self>,
         projection: Option<ProjectionTensors<Self>>,
-        teacher: Option<TeacherEntries<Self>>,
-        spec: &LossSpec,
+        spec: &DistillSpec,
         want: GradRequest,
     ) -> Result<LossOutput<Self>, KernelError> {
-        let teacher = teacher.map(inner_entries::<B, C>);
+        let teacher = inner_entries::<B, C>(teacher);
         let Some(projection) = projection else {
-            return match LogitsBackward
-                .prepare::<C>([logits.node.clone()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => {
-                    let request = GradRequest {
-                        logits: true,
-                        weights: false,
-                    };
-                    let out = B::xt_loss(logits.primitive, None, teacher, spec, request)?;
-                    Ok(LossOutput {
-                        value: prep.finish(out.grad_logits, out.value),
-                        grad_logits: None,
-                        grad_weights: None,
-                    })
-                }
-                OpsKind::UnTracked(_) => Ok(untracked(B::xt_loss(
-                    logits.primitive,
-                    None,
-                    teacher,
-                    spec,
-                    want,
-                )?)),
-            };
+            // Without W there is no weights' gradient to ask for.
+            return logits_only(logits, want.logits, |z, grad| {
+                let request = GradRequest {
+                    logits: grad,
+                    weights: false,
+                };
+                B::xt_distill(z, teacher, None, spec, request)
+            });
         };
         let weights = projection.weights;
         let request = GradRequest {
@@ -139,20 +146,31 @@ impl<B: XTokenBackend, C: CheckpointStrategy> XTokenBackend for Autodiff<B, C> {
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let out = B::xt_loss(logits.primitive, Some(inner), teacher, spec, request)?;
+                let out = B::xt_distill(logits.primitive, teacher, Some(inner), spec, request)?;
                 Ok(LossOutput {
                     value: prep.finish((out.grad_logits, out.grad_weights), out.value),
                     grad_logits: None,
                     grad_weights: None,
                 })
             }
-            OpsKind::UnTracked(_) => Ok(untracked(B::xt_loss(
+            OpsKind::UnTracked(_) => Ok(untracked(B::xt_distill(
                 logits.primitive,
-                Some(inner),
                 teacher,
+                Some(inner),
                 spec,
                 want,
             )?)),
         }
+    }
+
+    fn xt_cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: &[i32],
+        row_chunk: usize,
+        want_grad: bool,
+    ) -> Result<LossOutput<Self>, KernelError> {
+        logits_only(logits, want_grad, |z, grad| {
+            B::xt_cross_entropy(z, targets, row_chunk, grad)
+        })
     }
 }

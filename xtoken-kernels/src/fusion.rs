@@ -12,8 +12,8 @@ use burn_fusion::{Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr, OperationOutput};
 
 use crate::{
-    GradRequest, KernelError, LossOutput, LossSpec, ProjectionTensors, TeacherEntries, TeacherSpec,
-    XTokenBackend,
+    DistillSpec, EntriesSpec, GradRequest, KernelError, LossOutput, ProjectionTensors,
+    TeacherEntries, XTokenBackend,
 };
 
 type Client<B> = GlobalFusionClient<<B as FusionBackend>::FusionRuntime>;
@@ -57,10 +57,19 @@ fn inner_entries<B: FusionBackend>(e: TeacherEntries<Fusion<B>>) -> TeacherEntri
     e.map_tensors(inner_int::<B>, inner_float::<B>)
 }
 
+/// Registers a result of the inner backend with the fusion client.
+fn outer_output<B: FusionBackend>(client: &Client<B>, out: LossOutput<B>) -> LossOutput<Fusion<B>> {
+    LossOutput {
+        value: outer_float::<B>(client, out.value),
+        grad_logits: out.grad_logits.map(|g| outer_float::<B>(client, g)),
+        grad_weights: out.grad_weights.map(|g| outer_float::<B>(client, g)),
+    }
+}
+
 impl<B: FusionBackend + XTokenBackend> XTokenBackend for Fusion<B> {
     fn xt_teacher_entries(
         logits: FloatTensor<Self>,
-        spec: &TeacherSpec,
+        spec: &EntriesSpec,
     ) -> Result<TeacherEntries<Self>, KernelError> {
         let client = logits.client.clone();
         let found = B::xt_teacher_entries(inner_float::<B>(logits), spec)?;
@@ -70,11 +79,11 @@ impl<B: FusionBackend + XTokenBackend> XTokenBackend for Fusion<B> {
         ))
     }
 
-    fn xt_loss(
+    fn xt_distill(
         logits: FloatTensor<Self>,
+        teacher: TeacherEntries<Self>,
         projection: Option<ProjectionTensors<Self>>,
-        teacher: Option<TeacherEntries<Self>>,
-        spec: &LossSpec,
+        spec: &DistillSpec,
         want: GradRequest,
     ) -> Result<LossOutput<Self>, KernelError> {
         let client = logits.client.clone();
@@ -82,12 +91,19 @@ impl<B: FusionBackend + XTokenBackend> XTokenBackend for Fusion<B> {
             indices: inner_int::<B>(w.indices),
             weights: inner_float::<B>(w.weights),
         });
-        let teacher = teacher.map(inner_entries::<B>);
-        let out = B::xt_loss(inner_float::<B>(logits), projection, teacher, spec, want)?;
-        Ok(LossOutput {
-            value: outer_float::<B>(&client, out.value),
-            grad_logits: out.grad_logits.map(|g| outer_float::<B>(&client, g)),
-            grad_weights: out.grad_weights.map(|g| outer_float::<B>(&client, g)),
-        })
+        let teacher = inner_entries::<B>(teacher);
+        let out = B::xt_distill(inner_float::<B>(logits), teacher, projection, spec, want)?;
+        Ok(outer_output::<B>(&client, out))
+    }
+
+    fn xt_cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: &[i32],
+        row_chunk: usize,
+        want_grad: bool,
+    ) -> Result<LossOutput<Self>, KernelError> {
+        let client = logits.client.clone();
+        let out = B::xt_cross_entropy(inner_float::<B>(logits), targets, row_chunk, want_grad)?;
+        Ok(outer_output::<B>(&client, out))
     }
 }

@@ -1,29 +1,39 @@
 //! Device operations of X-Token behind one burn backend extension, [`XTokenBackend`].
 //!
-//! The losses of `xtoken-core` never compose full-vocabulary burn ops. They call two fused
+//! The losses of `xtoken-core` never compose full-vocabulary burn ops. They call three fused
 //! operations, each evaluated in row chunks so that the working memory stays a few
 //! `row_chunk × V` buffers whatever the sequence length:
 //!
-//! - [`XTokenBackend::xt_teacher_entries`]: per chunk slot, the teacher's merged log-probabilities
-//!   on its top-K tokens (and, on request, the confidence statistics of adaptive weighting);
-//! - [`XTokenBackend::xt_loss`]: the student's merged distributions, the loss (KL, projected KL,
-//!   hybrid common-KL + sorted L1, or cross-entropy) and, in the same pass, its gradient with
-//!   respect to the student logits and the projection weights.
+//! - [`XTokenBackend::xt_teacher_entries`]: per chunk slot, the teacher's merged
+//!   log-probabilities on its top-K tokens (and, on request, the confidence statistics of
+//!   adaptive weighting);
+//! - [`XTokenBackend::xt_distill`]: the student's merged distributions, one distillation loss
+//!   ([`LossKind`]: KL, P-KL, and the hybrid GOLD / H-KL / ULD) and, in the same pass, its
+//!   gradient with respect to the student logits and the projection weights;
+//! - [`XTokenBackend::xt_cross_entropy`]: next-token cross-entropy and its gradient.
+//!
+//! **Chunks and slots.** The losses speak of *chunks*: aligned spans of student and teacher
+//! tokens. The kernels see a batch's chunks as *slots*: chunk `k` of sequence `b` is slot
+//! `b · K + k` of a `[B · K]` array (`K`: the most chunks of any sequence), and a slot with no
+//! predicting row (padding, or a chunk at position 0) is skipped. [`MergePlan`] is one side's
+//! slots.
 //!
 //! Every backend gets the portable host implementation ([`host`]) through the trait's default
 //! methods: it copies one row chunk at a time with `into_data`, runs on all cores, and uploads
 //! the gradient. ndarray's f32 logits already live in host memory, so its implementation reads
 //! them in place. `Autodiff<B>` wraps any implementation with a backward step that scales the
 //! stored gradient. burn's `CubeBackend` (wgpu, CUDA; feature `wgpu`/`cuda`), and
-//! `Fusion` of it (feature `fusion`), run both operations in cubecl kernels on the device
-//! ([`cube`]).
+//! `Fusion` of it (feature `fusion`), run the operations in cubecl kernels on the device
+//! (module `cube`, built with the `cuda` or `wgpu` feature).
 
+mod checks;
 #[cfg(feature = "cube")]
 pub mod cube;
 pub mod error;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod host;
+pub mod loss_kind;
 pub mod memory;
 pub mod spec;
 
@@ -33,7 +43,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
 pub use error::KernelError;
-pub use spec::{CommonPairs, Confidence, GradRequest, LossSpec, MergePlan, Objective, TeacherSpec};
+pub use loss_kind::{LossKind, UnknownLoss};
+pub use spec::{CommonPairs, ConfidenceStats, DistillSpec, EntriesSpec, GradRequest, MergePlan};
 
 /// The teacher's targets: per chunk slot, its kept token ids and their merged log-probabilities.
 #[derive(Debug, Clone)]
@@ -47,7 +58,7 @@ pub struct TeacherEntries<B: Backend> {
     /// The teacher's vocabulary size.
     pub vocab: usize,
     /// Confidence statistics, when the spec asked for them.
-    pub confidence: Option<Confidence>,
+    pub confidence: Option<ConfidenceStats>,
 }
 
 impl<B: Backend> TeacherEntries<B> {
@@ -92,26 +103,36 @@ pub struct LossOutput<B: Backend> {
 /// The backend extension the X-Token losses run on. The default methods are the portable host
 /// implementation; a backend with its own kernels overrides them.
 pub trait XTokenBackend: Backend {
-    /// Extracts the teacher's targets from its logits `[B, T_T, V_T]` (no gradient); rows of the
-    /// merge plan are `b · T_T + position`.
+    /// Extracts the teacher's entries from its logits `[B, T_T, V_T]` (no gradient); rows of
+    /// the merge plan are `b · T_T + position`.
     fn xt_teacher_entries(
         logits: FloatTensor<Self>,
-        spec: &TeacherSpec,
+        spec: &EntriesSpec,
     ) -> Result<TeacherEntries<Self>, KernelError> {
         host::teacher_entries::<Self>(logits, spec)
     }
 
-    /// Evaluates a loss on the student logits `[B, T_S, V_S]` and, as requested, its gradients.
-    /// `projection` is required by [`Objective::Projected`], `teacher` by every objective but
-    /// cross-entropy.
-    fn xt_loss(
+    /// Evaluates a distillation loss on the student logits `[B, T_S, V_S]` against the
+    /// teacher's entries and, as requested, its gradients. `projection` is required by P-KL.
+    fn xt_distill(
         logits: FloatTensor<Self>,
+        teacher: TeacherEntries<Self>,
         projection: Option<ProjectionTensors<Self>>,
-        teacher: Option<TeacherEntries<Self>>,
-        spec: &LossSpec,
+        spec: &DistillSpec,
         want: GradRequest,
     ) -> Result<LossOutput<Self>, KernelError> {
-        host::loss::<Self>(logits, projection, teacher, spec, want)
+        host::distill::<Self>(logits, teacher, projection, spec, want)
+    }
+
+    /// The mean next-token cross-entropy of logits `[B, T, V]`; `targets[row]` is the token
+    /// row `b · T + position` predicts, `-1` to skip it. With `want_grad`, also its gradient.
+    fn xt_cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: &[i32],
+        row_chunk: usize,
+        want_grad: bool,
+    ) -> Result<LossOutput<Self>, KernelError> {
+        host::cross_entropy::<Self>(logits, targets, row_chunk, want_grad)
     }
 }
 
@@ -125,7 +146,7 @@ where
 {
     fn xt_teacher_entries(
         logits: FloatTensor<Self>,
-        spec: &TeacherSpec,
+        spec: &EntriesSpec,
     ) -> Result<TeacherEntries<Self>, KernelError> {
         let Some(src) = ndarray_rows(&logits) else {
             return host::teacher_entries::<Self>(logits, spec);
@@ -139,24 +160,42 @@ where
         ))
     }
 
-    fn xt_loss(
+    fn xt_distill(
         logits: FloatTensor<Self>,
+        teacher: TeacherEntries<Self>,
         projection: Option<ProjectionTensors<Self>>,
-        teacher: Option<TeacherEntries<Self>>,
-        spec: &LossSpec,
+        spec: &DistillSpec,
         want: GradRequest,
     ) -> Result<LossOutput<Self>, KernelError> {
         let Some(src) = ndarray_rows(&logits) else {
-            return host::loss::<Self>(logits, projection, teacher, spec, want);
+            return host::distill::<Self>(logits, teacher, projection, spec, want);
         };
-        let found = host::loss_from::<_, Self>(&src, projection, teacher, spec, want)?;
-        Ok(host::loss_to_device::<Self>(
-            found,
-            src.shape(),
-            burn::tensor::DType::F32,
-            &Default::default(),
-        ))
+        let found = host::distill_from::<_, Self>(&src, teacher, projection, spec, want)?;
+        Ok(in_place_output(found, &src))
     }
+
+    fn xt_cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: &[i32],
+        row_chunk: usize,
+        want_grad: bool,
+    ) -> Result<LossOutput<Self>, KernelError> {
+        let Some(src) = ndarray_rows(&logits) else {
+            return host::cross_entropy::<Self>(logits, targets, row_chunk, want_grad);
+        };
+        let found = host::cross_entropy_from(&src, targets, row_chunk, want_grad)?;
+        Ok(in_place_output(found, &src))
+    }
+}
+
+/// Uploads a result computed from f32 logits read in place.
+fn in_place_output<B: Backend>(found: host::HostLoss, src: &host::SliceRows<'_>) -> LossOutput<B> {
+    host::loss_to_device::<B>(
+        found,
+        src.shape(),
+        burn::tensor::DType::F32,
+        &Default::default(),
+    )
 }
 
 use burn::backend::ndarray::NdArrayTensor;

@@ -1,17 +1,18 @@
-//! What a fused loss evaluation needs besides tensors: the merge plan of one side, the objective,
-//! the temperature. All of it is host data built once per batch (the plan) or once per run (the
-//! common set), so every backend reads it the same way.
+//! What a fused evaluation needs besides tensors: the merge plan of one side, the loss and its
+//! parameters, the temperature. All of it is host data built once per batch (the plan) or once
+//! per run (the common set), so every backend reads it the same way.
 
 use std::sync::Arc;
 
 use crate::error::KernelError;
+use crate::loss_kind::LossKind;
 
 /// How one side's merged chunk distributions are gathered from its flattened logits `[N, V]`.
 ///
 /// Chunk slot `c` compares `log p̂_c(v) = log p[predict_row[c]](v) + σ_c`, where `σ_c` sums
-/// `log p[row](token)` over the continuation terms of slot `c` (DESIGN.md, "Chunk merge"). Slots
-/// with no predicting row are padding or chunks without a predicting position: the loss skips
-/// them.
+/// `log p[row](token)` over the continuation terms of slot `c` (the chunk merge of
+/// `docs/architecture.md`). Slots with no predicting row are padding or chunks without a
+/// predicting position: the loss skips them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MergePlan {
     /// Rows of the flattened logits.
@@ -166,49 +167,58 @@ impl CommonPairs {
     }
 }
 
-/// What the fused student-side evaluation computes per chunk.
+/// Everything but tensors that one fused distillation evaluation needs.
 #[derive(Debug, Clone)]
-pub enum Objective {
-    /// `KL(p̂_T ‖ p̂_S)` over the teacher's kept entries; teacher ids index the student vocabulary.
-    Kl,
-    /// `KL(p̂_T ‖ Wᵀp̂_S)` over the teacher's kept entries, with `log(Wᵀp̂_S + eps)` so that
-    /// teacher tokens no student row reaches cost a constant instead of infinity.
-    Projected {
-        /// Added inside the logarithm.
-        eps: f32,
-    },
-    /// `λ_KL · Σ_{(s,t)∈C} p̂_T[t](log p̂_T[t] − log p̂_S[s]) + λ_ULD · ‖sort↓ p̂_S|_U − sort↓ p̂_T|_U‖₁`.
-    Hybrid {
-        /// The common set C.
-        common: Arc<CommonPairs>,
-        /// Weight of the common KL term.
-        lambda_kl: f32,
-        /// Weight of the sorted-L1 term.
-        lambda_uld: f32,
-    },
-    /// Mean next-token cross-entropy; `targets[row]` is the token row predicts, `-1` to skip.
-    CrossEntropy {
-        /// One target per row.
-        targets: Arc<[i32]>,
-    },
-}
-
-/// Everything but tensors that one fused student-side evaluation needs.
-#[derive(Debug, Clone)]
-pub struct LossSpec {
+pub struct DistillSpec {
     /// The loss.
-    pub objective: Objective,
-    /// The student side of the merge (ignored by cross-entropy).
+    pub loss: LossKind,
+    /// The student side of the merge.
     pub merge: MergePlan,
     /// Temperature τ, applied to the logits of both sides; the loss is multiplied by τ².
     pub tau: f32,
     /// Rows evaluated at once: bounds the working memory to a few `row_chunk × V` buffers.
     pub row_chunk: usize,
+    /// GOLD and H-KL: the common set C (required); the other losses read none.
+    pub common: Option<Arc<CommonPairs>>,
+    /// GOLD, H-KL: weight of the common KL term.
+    pub lambda_kl: f32,
+    /// GOLD, H-KL, ULD: weight of the sorted-L1 term.
+    pub lambda_uld: f32,
+    /// P-KL evaluates `log(Wᵀp̂_S + eps)`, so that teacher tokens no student row reaches cost
+    /// a constant instead of infinity.
+    pub eps: f32,
 }
 
-/// Everything but tensors that extracting the teacher's targets needs.
+impl DistillSpec {
+    /// The common set the hybrid computation reads: C for GOLD and H-KL, no pair for ULD.
+    pub fn hybrid_pairs(
+        &self,
+        student_vocab: usize,
+        teacher_vocab: usize,
+    ) -> Result<Arc<CommonPairs>, KernelError> {
+        if self.loss == LossKind::Uld {
+            return Ok(Arc::new(CommonPairs::none(student_vocab, teacher_vocab)));
+        }
+        let common = self.common.clone().ok_or(KernelError::Invalid {
+            what: "loss",
+            why: format!("{} needs the common set C", self.loss),
+        })?;
+        common.check(student_vocab, teacher_vocab)?;
+        Ok(common)
+    }
+
+    /// `(λ_KL, λ_ULD)` as the hybrid computation applies them (ULD has no common term).
+    pub fn hybrid_lambdas(&self) -> (f32, f32) {
+        match self.loss {
+            LossKind::Uld => (0.0, self.lambda_uld),
+            _ => (self.lambda_kl, self.lambda_uld),
+        }
+    }
+}
+
+/// Everything but tensors that extracting the teacher's entries needs.
 #[derive(Debug, Clone)]
-pub struct TeacherSpec {
+pub struct EntriesSpec {
     /// The teacher side of the merge.
     pub merge: MergePlan,
     /// Entries kept per chunk (`usize::MAX` keeps the whole vocabulary).
@@ -234,7 +244,7 @@ pub struct GradRequest {
 /// Batch means of a teacher's per-position confidence (paper, appendix "Confidence-adaptive
 /// weight schedules"), on its untempered distribution.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Confidence {
+pub struct ConfidenceStats {
     /// Mean of `log p[y]` over positions with an observed next token `y` (that is, `−CE`).
     pub neg_cross_entropy: f64,
     /// Mean of `Σ p log p` (that is, `−H`).

@@ -6,15 +6,18 @@
 //! logits and the errors. Run with `--features wgpu`.
 #![cfg(feature = "wgpu")]
 
+mod support;
+
 use std::sync::Arc;
 
 use burn::backend::NdArray;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 use burn_wgpu::Wgpu;
+use support::{Evaluation, Inputs};
 use xtoken_kernels::{
-    CommonPairs, GradRequest, KernelError, LossSpec, MergePlan, Objective, ProjectionTensors,
-    TeacherSpec, XTokenBackend,
+    CommonPairs, DistillSpec, EntriesSpec, GradRequest, KernelError, LossKind, MergePlan,
+    ProjectionTensors, XTokenBackend,
 };
 
 fn mix(i: u64, salt: u64) -> u64 {
@@ -144,7 +147,7 @@ impl Case {
         }
     }
 
-    fn objectives(&self) -> Vec<Objective> {
+    fn evaluations(&self) -> Vec<Evaluation> {
         let (vs, vt) = (self.student_vocab, self.teacher_vocab);
         // A 1-to-1 common set over about 70 % of the student vocabulary.
         let mut teacher_ids: Vec<u32> = (0..vt as u32).collect();
@@ -155,23 +158,14 @@ impl Case {
             .filter(|&s| mix(s as u64, 32) % 10 < 7)
             .zip(teacher_ids)
             .collect();
+        let common = CommonPairs::new(&pairs, vs, vt).unwrap();
         vec![
-            Objective::Kl,
-            Objective::Projected { eps: 1e-10 },
-            Objective::Hybrid {
-                common: Arc::new(CommonPairs::new(&pairs, vs, vt).unwrap()),
-                lambda_kl: 1.0,
-                lambda_uld: 0.7,
-            },
+            Evaluation::distill(LossKind::Kl, None, (1.0, 1.0)),
+            Evaluation::distill(LossKind::Pkl, None, (1.0, 1.0)),
+            Evaluation::distill(LossKind::Hkl, Some(common), (1.0, 0.7)),
             // Plain ULD: no common set.
-            Objective::Hybrid {
-                common: Arc::new(CommonPairs::none(vs, vt)),
-                lambda_kl: 0.0,
-                lambda_uld: 1.0,
-            },
-            Objective::CrossEntropy {
-                targets: Arc::from(self.targets.clone()),
-            },
+            Evaluation::distill(LossKind::Uld, None, (1.0, 1.0)),
+            Evaluation::CrossEntropy(Arc::from(self.targets.clone())),
         ]
     }
 }
@@ -200,25 +194,25 @@ fn flat<B: Backend, const D: usize>(
     t.reshape([n]).into_primitive().tensor()
 }
 
-/// Evaluates `objective` on backend `B` with the case's data, student logits replaced by
+/// Evaluates `evaluation` on backend `B` with the case's data, student logits replaced by
 /// `student` and W's weights by `weights` (for the finite differences), logits in `dtype`.
 fn evaluate<B: XTokenBackend>(
     case: &Case,
-    objective: &Objective,
+    evaluation: &Evaluation,
     student: &[f32],
     weights: &[f32],
     dtype: DType,
 ) -> Result<Outcome, KernelError> {
     let device = Default::default();
     let (b, t, vs, vt) = (case.batch, case.len, case.student_vocab, case.teacher_vocab);
-    let kl = matches!(objective, Objective::Kl);
+    let kl = evaluation.is(LossKind::Kl);
     let (teacher, width) = if kl {
         (case.narrow_teacher.clone(), vs)
     } else {
         (case.teacher.clone(), vt)
     };
     let teacher = Tensor::<B, 3>::from_data(TensorData::new(teacher, [b, t, width]), &device);
-    let spec = TeacherSpec {
+    let spec = EntriesSpec {
         merge: case.merge.clone(),
         top_k: case.top_k,
         tau: case.tau,
@@ -228,7 +222,7 @@ fn evaluate<B: XTokenBackend>(
     let entries = B::xt_teacher_entries(teacher.into_primitive().tensor(), &spec)?;
     let logits = Tensor::<B, 3>::from_data(TensorData::new(student.to_vec(), [b, t, vs]), &device)
         .cast(dtype);
-    let projection = matches!(objective, Objective::Projected { .. }).then(|| ProjectionTensors {
+    let projection = evaluation.reads_projection().then(|| ProjectionTensors {
         indices: Tensor::<B, 2, Int>::from_data(
             TensorData::new(case.indices.clone(), [vs, case.kw]),
             &device,
@@ -241,23 +235,18 @@ fn evaluate<B: XTokenBackend>(
         .into_primitive()
         .tensor(),
     });
-    let spec = LossSpec {
-        objective: objective.clone(),
+    let out = evaluation.run(Inputs::<B> {
+        logits: logits.into_primitive().tensor(),
+        teacher: entries,
+        projection,
         merge: case.merge.clone(),
         tau: case.tau,
         row_chunk: case.row_chunk,
-    };
-    let want = GradRequest {
-        logits: true,
-        weights: true,
-    };
-    let out = B::xt_loss(
-        logits.into_primitive().tensor(),
-        projection,
-        Some(entries),
-        &spec,
-        want,
-    )?;
+        want: GradRequest {
+            logits: true,
+            weights: true,
+        },
+    })?;
     Ok(Outcome {
         value: floats::<B>(out.value)[0],
         grad_logits: floats::<B>(flat::<B, 3>(out.grad_logits.expect("asked for"))),
@@ -277,13 +266,13 @@ fn assert_close(what: &str, device: &[f32], host: &[f32], rel: f32) {
 }
 
 fn compare(case: &Case) {
-    for objective in case.objectives() {
+    for evaluation in case.evaluations() {
         let on_device =
-            evaluate::<Wgpu>(case, &objective, &case.student, &case.weights, DType::F32).unwrap();
+            evaluate::<Wgpu>(case, &evaluation, &case.student, &case.weights, DType::F32).unwrap();
         let on_host =
-            evaluate::<NdArray>(case, &objective, &case.student, &case.weights, DType::F32)
+            evaluate::<NdArray>(case, &evaluation, &case.student, &case.weights, DType::F32)
                 .unwrap();
-        let name = format!("{objective:?}")
+        let name = format!("{evaluation:?}")
             .chars()
             .take(12)
             .collect::<String>();
@@ -323,12 +312,12 @@ fn kernels_match_the_host_with_k_above_the_block_and_one_row() {
 #[test]
 fn device_gradients_match_finite_differences() {
     let case = Case::new(1, 12, (300, 350), 40, 3);
-    for objective in case.objectives() {
-        if matches!(objective, Objective::Hybrid { .. }) {
+    for evaluation in case.evaluations() {
+        if evaluation.is(LossKind::Hkl) || evaluation.is(LossKind::Uld) {
             continue;
         }
         let base =
-            evaluate::<Wgpu>(&case, &objective, &case.student, &case.weights, DType::F32).unwrap();
+            evaluate::<Wgpu>(&case, &evaluation, &case.student, &case.weights, DType::F32).unwrap();
         let mut order: Vec<usize> = (0..base.grad_logits.len()).collect();
         order.sort_by(|&a, &b| {
             base.grad_logits[b]
@@ -345,7 +334,7 @@ fn device_gradients_match_finite_differences() {
             plus[i] += h;
             minus[i] -= h;
             let f = |z: &[f32]| {
-                evaluate::<Wgpu>(&case, &objective, z, &case.weights, DType::F32)
+                evaluate::<Wgpu>(&case, &evaluation, z, &case.weights, DType::F32)
                     .unwrap()
                     .value
             };
@@ -353,7 +342,7 @@ fn device_gradients_match_finite_differences() {
             let analytic = base.grad_logits[i];
             assert!(
                 (numeric - analytic).abs() <= 2e-3 * scale + 2e-4,
-                "{objective:?} logit {i}: finite difference {numeric} vs kernel {analytic}"
+                "{evaluation:?} logit {i}: finite difference {numeric} vs kernel {analytic}"
             );
         }
         if let Some(gw) = &base.grad_weights {
@@ -366,7 +355,7 @@ fn device_gradients_match_finite_differences() {
                 plus[i] += h;
                 minus[i] -= h;
                 let f = |w: &[f32]| {
-                    evaluate::<Wgpu>(&case, &objective, &case.student, w, DType::F32)
+                    evaluate::<Wgpu>(&case, &evaluation, &case.student, w, DType::F32)
                         .unwrap()
                         .value
                 };
@@ -384,9 +373,9 @@ fn device_gradients_match_finite_differences() {
 #[test]
 fn device_results_are_bit_reproducible() {
     let case = Case::new(2, 37, (1000, 1237), 300, 4);
-    for objective in case.objectives() {
+    for evaluation in case.evaluations() {
         let run = || {
-            evaluate::<Wgpu>(&case, &objective, &case.student, &case.weights, DType::F32).unwrap()
+            evaluate::<Wgpu>(&case, &evaluation, &case.student, &case.weights, DType::F32).unwrap()
         };
         let first = run();
         let second = run();
@@ -405,14 +394,14 @@ fn f16_logits_give_the_f32_result_to_f16_precision() {
     let case = Case::new(1, 20, (300, 257), 64, 5);
     // The extreme rows overflow f16; keep them in range.
     let student: Vec<f32> = case.student.iter().map(|x| x.clamp(-60.0, 60.0)).collect();
-    for objective in case.objectives() {
+    for evaluation in case.evaluations() {
         let full =
-            evaluate::<Wgpu>(&case, &objective, &student, &case.weights, DType::F32).unwrap();
+            evaluate::<Wgpu>(&case, &evaluation, &student, &case.weights, DType::F32).unwrap();
         let half =
-            evaluate::<Wgpu>(&case, &objective, &student, &case.weights, DType::F16).unwrap();
+            evaluate::<Wgpu>(&case, &evaluation, &student, &case.weights, DType::F16).unwrap();
         assert!(
             (full.value - half.value).abs() <= 2e-2 * full.value.abs().max(1.0),
-            "{objective:?}: f16 {} vs f32 {}",
+            "{evaluation:?}: f16 {} vs f32 {}",
             half.value,
             full.value
         );
@@ -426,15 +415,15 @@ fn a_nan_in_a_compared_row_is_an_error_naming_it() {
     let row = case.merge.predict_row[2].expect("slot 2 is compared") as usize;
     let mut student = case.student.clone();
     student[row * case.student_vocab + 9] = f32::NAN;
-    for objective in case.objectives() {
-        if let Objective::CrossEntropy { targets } = &objective {
+    for evaluation in case.evaluations() {
+        if let Evaluation::CrossEntropy(targets) = &evaluation {
             assert!(targets[row] >= 0, "row {row} has a target");
         }
-        let err = evaluate::<Wgpu>(&case, &objective, &student, &case.weights, DType::F32)
+        let err = evaluate::<Wgpu>(&case, &evaluation, &student, &case.weights, DType::F32)
             .expect_err("NaN logits must fail");
         assert!(
             matches!(err, KernelError::NonFinite { side: "student", row: r } if r == row),
-            "{objective:?}: {err}"
+            "{evaluation:?}: {err}"
         );
     }
 }
@@ -460,16 +449,20 @@ fn out_of_range_teacher_ids_are_refused_on_the_device() {
         confidence: None,
     };
     let logits = Tensor::<Wgpu, 3>::zeros([1, 2, vs], &device);
-    let spec = LossSpec {
-        objective: Objective::Kl,
+    let spec = DistillSpec {
+        loss: LossKind::Kl,
         merge,
         tau: 1.0,
         row_chunk: 4,
+        common: None,
+        lambda_kl: 1.0,
+        lambda_uld: 1.0,
+        eps: 1e-10,
     };
-    let err = <Wgpu>::xt_loss(
+    let err = <Wgpu>::xt_distill(
         logits.into_primitive().tensor(),
+        entries,
         None,
-        Some(entries),
         &spec,
         GradRequest::default(),
     )
@@ -525,7 +518,7 @@ fn device_top_k_matches_the_host() {
         let next: Vec<i32> = (0..n)
             .map(|r| if r % 4 == 1 { -1 } else { (r * 31 % v) as i32 })
             .collect();
-        let spec = TeacherSpec {
+        let spec = EntriesSpec {
             merge,
             top_k: k,
             tau: 1.3,
@@ -597,7 +590,7 @@ fn a_nan_in_a_teacher_row_is_an_error_naming_it() {
     let (t, v) = (6, 300);
     let mut logits: Vec<f32> = (0..t * v).map(|i| unit(i as u64, 40)).collect();
     logits[4 * v + 10] = f32::NAN;
-    let spec = TeacherSpec {
+    let spec = EntriesSpec {
         merge: MergePlan {
             rows: t,
             predict_row: (0..t as u32).map(Some).collect(),

@@ -4,8 +4,8 @@
 mod support;
 
 use burn::backend::NdArray;
-use support::{entries_for, floats, ints, logits, merge, objectives, projection, teacher_spec};
-use xtoken_kernels::{host, GradRequest, LossSpec, MergePlan, Objective, XTokenBackend};
+use support::{evaluations, floats, ints, logits, small_inputs, teacher_spec};
+use xtoken_kernels::{host, MergePlan, XTokenBackend};
 
 type B = NdArray;
 
@@ -28,47 +28,21 @@ fn portable_and_in_place_paths_agree() {
     );
     assert_eq!(fast.confidence, slow.confidence);
 
-    for objective in objectives() {
-        let entries = entries_for::<B>(&objective, &fast, &device);
-        let spec = LossSpec {
-            objective: objective.clone(),
-            merge: merge(),
-            tau: 1.5,
-            row_chunk: 2,
-        };
-        let want = GradRequest {
-            logits: true,
-            weights: true,
-        };
-        let proj =
-            matches!(objective, Objective::Projected { .. }).then(|| projection::<B>(&device));
-        let a = B::xt_loss(
-            student.clone().into_primitive().tensor(),
-            proj.clone(),
-            Some(entries.clone()),
-            &spec,
-            want,
-        )
-        .unwrap();
-        let b = host::loss::<B>(
-            student.clone().into_primitive().tensor(),
-            proj,
-            Some(entries),
-            &spec,
-            want,
-        )
-        .unwrap();
+    for evaluation in evaluations() {
+        let inputs = || small_inputs::<B>(&evaluation, &student, &fast, &device);
+        let a = evaluation.run(inputs()).unwrap();
+        let b = evaluation.run_host(inputs()).unwrap();
         assert_eq!(
             floats::<B, 1>(a.value),
             floats::<B, 1>(b.value),
-            "{objective:?}"
+            "{evaluation:?}"
         );
         let (ga, gb) = (a.grad_logits.unwrap(), b.grad_logits.unwrap());
-        assert_eq!(floats::<B, 3>(ga), floats::<B, 3>(gb), "{objective:?}");
+        assert_eq!(floats::<B, 3>(ga), floats::<B, 3>(gb), "{evaluation:?}");
         assert_eq!(
             a.grad_weights.map(floats::<B, 2>),
             b.grad_weights.map(floats::<B, 2>),
-            "{objective:?}"
+            "{evaluation:?}"
         );
     }
 }

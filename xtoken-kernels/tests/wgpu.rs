@@ -1,6 +1,6 @@
 //! The losses' backend operations on burn's wgpu backend (Mesa lavapipe on CPU in CI) give what
-//! they give on ndarray: teacher entries, loss values and gradients for all four objectives, and
-//! the gradient through `Autodiff<Wgpu>`. Run with `--features wgpu`.
+//! they give on ndarray: teacher entries, loss values and gradients for every loss and
+//! cross-entropy, and the gradient through `Autodiff<Wgpu>`. Run with `--features wgpu`.
 #![cfg(feature = "wgpu")]
 
 mod support;
@@ -8,8 +8,8 @@ mod support;
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_wgpu::Wgpu;
-use support::{entries_for, floats, ints, logits, merge, objectives, projection, teacher_spec};
-use xtoken_kernels::{GradRequest, LossSpec, Objective, TeacherSpec, XTokenBackend};
+use support::{evaluations, floats, ints, logits, merge, small_inputs, teacher_spec};
+use xtoken_kernels::{DistillSpec, EntriesSpec, GradRequest, LossKind, XTokenBackend};
 
 /// Everything the two operations return on one backend, as host values.
 fn outcomes<B: XTokenBackend>() -> Vec<Vec<f64>> {
@@ -33,28 +33,10 @@ fn outcomes<B: XTokenBackend>() -> Vec<Vec<f64>> {
             .map(|c| vec![c.neg_cross_entropy, c.neg_entropy, c.max_prob])
             .unwrap_or_default(),
     ];
-    for objective in objectives() {
-        let entries = entries_for::<B>(&objective, &entries, &device);
-        let loss_spec = LossSpec {
-            objective: objective.clone(),
-            merge: merge(),
-            tau: 1.5,
-            row_chunk: 2,
-        };
-        let proj =
-            matches!(objective, Objective::Projected { .. }).then(|| projection::<B>(&device));
-        let want = GradRequest {
-            logits: true,
-            weights: true,
-        };
-        let result = B::xt_loss(
-            student.clone().into_primitive().tensor(),
-            proj,
-            Some(entries),
-            &loss_spec,
-            want,
-        )
-        .unwrap();
+    for evaluation in evaluations() {
+        let result = evaluation
+            .run(small_inputs::<B>(&evaluation, &student, &entries, &device))
+            .unwrap();
         out.push(
             floats::<B, 1>(result.value)
                 .into_iter()
@@ -75,7 +57,7 @@ fn outcomes<B: XTokenBackend>() -> Vec<Vec<f64>> {
 }
 
 #[test]
-fn wgpu_matches_ndarray_for_every_objective() {
+fn wgpu_matches_ndarray_for_every_loss() {
     let on_wgpu = outcomes::<Wgpu>();
     let on_ndarray = outcomes::<NdArray>();
     assert_eq!(on_wgpu.len(), on_ndarray.len());
@@ -96,35 +78,38 @@ fn autodiff_on_wgpu_returns_the_fused_gradient() {
     let device = Default::default();
     let vs = support::STUDENT_VOCAB;
     let teacher = logits::<Wgpu>(3, [2, 6, vs], &device);
-    let spec = TeacherSpec {
+    let spec = EntriesSpec {
         next_token: None,
         ..teacher_spec()
     };
     let entries = <Wgpu>::xt_teacher_entries(teacher.into_primitive().tensor(), &spec).unwrap();
-    let loss_spec = LossSpec {
-        objective: Objective::Kl,
+    let loss_spec = DistillSpec {
+        loss: LossKind::Kl,
         merge: merge(),
         tau: 1.5,
         row_chunk: 2,
+        common: None,
+        lambda_kl: 1.0,
+        lambda_uld: 1.0,
+        eps: 1e-10,
     };
     let want = GradRequest {
         logits: true,
         weights: false,
     };
     let student = logits::<Wgpu>(2, [2, 6, vs], &device);
-    let direct = <Wgpu>::xt_loss(
+    let direct = <Wgpu>::xt_distill(
         student.clone().into_primitive().tensor(),
+        entries.clone(),
         None,
-        Some(entries.clone()),
         &loss_spec,
         want,
     )
     .unwrap();
     let tracked = Tensor::<A, 3>::from_inner(student).require_grad();
-    let result = A::xt_loss(
+    let result = A::xt_distill(
         tracked.clone().into_primitive().tensor(),
-        None,
-        Some(xtoken_kernels::TeacherEntries {
+        xtoken_kernels::TeacherEntries {
             ids: entries.ids,
             logp: Tensor::<A, 2>::from_inner(Tensor::<Wgpu, 2>::from_primitive(
                 TensorPrimitive::Float(entries.logp),
@@ -134,7 +119,8 @@ fn autodiff_on_wgpu_returns_the_fused_gradient() {
             k: entries.k,
             vocab: entries.vocab,
             confidence: entries.confidence,
-        }),
+        },
+        None,
         &loss_spec,
         GradRequest {
             logits: false,

@@ -1,15 +1,35 @@
-//! `xtoken train`'s run configuration: one TOML file whose every default is the paper's setting
+//! The run configuration: one TOML file whose every default is the paper's setting
 //! (Llama-3.2-1B student, 30k steps of 768 × 4096 tokens, AdamW 5e-5 with 5 % warmup and cosine
 //! decay to 0, weight decay 0.1, clipping 1.0, τ = 1, top-K 8192, W top-4 trained at 1e-2).
 //! Unknown keys are refused by name, and [`RunConfig::validate`] names the key of a bad value.
+//!
+//! ```
+//! use xtoken_train::config::RunConfig;
+//!
+//! let config = RunConfig::parse(
+//!     r#"
+//! output_dir = "runs/llama1b-from-qwen3"
+//! [student]
+//! model = "models/Llama-3.2-1B"
+//! [[teachers]]
+//! model = "models/Qwen3-4B"
+//! loss = "pkl"
+//! [data]
+//! path = "data/train.jsonl"
+//! "#,
+//! )?;
+//! assert_eq!(config.training.lr, 5e-5);
+//! assert_eq!(config.teacher_settings()?[0].name, "Qwen3-4B");
+//! # Ok::<(), xtoken_train::Error>(())
+//! ```
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Context, Error, Result};
 use serde::{Deserialize, Serialize};
 use xtoken_core::align::AlignParams;
-use xtoken_core::loss::multi::{Confidence, Weighting};
-use xtoken_core::loss::{LossParams, TopK};
+use xtoken_core::loss::multi::{ConfidenceMeasure, Weighting};
+use xtoken_core::loss::{LossKind, LossParams, TopK};
 use xtoken_core::plan::MergeVariant;
 use xtoken_core::projection::ProjectionParams;
 
@@ -25,15 +45,22 @@ pub struct RunConfig {
     /// `cpu` (ndarray), `cuda` or `wgpu`; `--device` overrides it.
     #[serde(default = "defaults::device")]
     pub device: String,
+    /// `[student]`.
     pub student: StudentConfig,
+    /// `[[teachers]]`, one or more.
     pub teachers: Vec<TeacherConfig>,
+    /// `[data]`.
     pub data: DataConfig,
+    /// `[training]`.
     #[serde(default)]
     pub training: TrainingConfig,
+    /// `[loss]`.
     #[serde(default)]
     pub loss: LossConfig,
+    /// `[projection]`.
     #[serde(default)]
     pub projection: ProjectionConfig,
+    /// `[checkpoint]`.
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
 }
@@ -98,6 +125,7 @@ pub struct DataConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainingConfig {
+    /// Optimizer steps.
     pub steps: u64,
     /// Sequences per optimizer step, over all workers.
     pub batch_size: usize,
@@ -108,6 +136,7 @@ pub struct TrainingConfig {
     pub grad_accum: Option<usize>,
     /// Student tokens per packed sequence.
     pub context_length: usize,
+    /// Peak learning rate of the student.
     pub lr: f64,
     /// Fraction of the steps spent warming up linearly from 0.
     pub warmup: f64,
@@ -115,8 +144,11 @@ pub struct TrainingConfig {
     pub min_lr: f64,
     /// Decoupled weight decay; norm weights are exempt, as in Hugging Face's Trainer.
     pub weight_decay: f64,
+    /// AdamW's β₁.
     pub beta1: f64,
+    /// AdamW's β₂.
     pub beta2: f64,
+    /// AdamW's ε.
     pub epsilon: f64,
     /// Global gradient-norm clipping of the student; 0 disables it.
     pub grad_clip: f64,
@@ -130,10 +162,13 @@ pub struct TrainingConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LossConfig {
+    /// τ, on the logits of both sides.
     pub temperature: f64,
     /// Teacher entries kept per chunk; 0 keeps the whole vocabulary.
     pub top_k: usize,
+    /// Weight of GOLD's and H-KL's common KL.
     pub lambda_kl: f64,
+    /// Weight of the sorted L1 (GOLD, H-KL, ULD).
     pub lambda_uld: f64,
     /// `L = sg(L_CE / L_KD) · L_KD + L_CE` (paper §2.8); otherwise `L_CE + L_KD`.
     pub dynamic_scaling: bool,
@@ -149,9 +184,13 @@ pub struct LossConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProjectionConfig {
+    /// Entries kept per row of W.
     pub top_k: usize,
+    /// Longest teacher re-encoding the multi-token rule (and the alignment) accepts.
     pub max_span: usize,
+    /// Weight of the first sub-token (β).
     pub beta: f64,
+    /// Decay per further sub-token (γ).
     pub gamma: f64,
     /// Learning rate of W's values under P-KL (AdamW, no clipping, no decay).
     pub lr: f64,
@@ -260,51 +299,28 @@ impl Default for CheckpointConfig {
     }
 }
 
-/// A teacher's loss as configured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum LossMode {
-    Kl,
-    Pkl,
-    Hkl,
-    Gold,
-    Uld,
-    Auto,
-}
-
-impl LossMode {
-    fn parse(key: &str, value: &str) -> Result<Self> {
-        Ok(match value {
-            "kl" => LossMode::Kl,
-            "pkl" => LossMode::Pkl,
-            "hkl" => LossMode::Hkl,
-            "gold" => LossMode::Gold,
-            "uld" => LossMode::Uld,
-            "auto" => LossMode::Auto,
-            other => bail!(
-                "{key} = {other:?}: expected one of \"kl\", \"pkl\", \"hkl\", \"gold\", \"uld\", \"auto\""
-            ),
-        })
+/// A teacher's `loss` key: a [`LossKind`], or `None` for `auto` (the coverage audit picks).
+fn parse_loss(key: &str, value: &str) -> Result<Option<LossKind>> {
+    if value == "auto" {
+        return Ok(None);
     }
-
-    /// The name in metrics and logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            LossMode::Kl => "KL",
-            LossMode::Pkl => "P-KL",
-            LossMode::Hkl => "H-KL",
-            LossMode::Gold => "GOLD",
-            LossMode::Uld => "ULD",
-            LossMode::Auto => "auto",
-        }
-    }
+    value.parse::<LossKind>().map(Some).map_err(|_| {
+        Error::Config(format!(
+            "{key} = {value:?}: expected one of \"kl\", \"pkl\", \"hkl\", \"gold\", \"uld\", \"auto\""
+        ))
+    })
 }
 
 /// A dtype key's value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DtypeChoice {
+    /// bf16 where the backend has it, else f32.
     Auto,
+    /// 32-bit floats.
     F32,
+    /// bfloat16.
     Bf16,
+    /// IEEE half precision.
     F16,
 }
 
@@ -315,24 +331,101 @@ impl DtypeChoice {
             "f32" => DtypeChoice::F32,
             "bf16" => DtypeChoice::Bf16,
             "f16" => DtypeChoice::F16,
-            other => bail!(
-                "{key} = {other:?}: expected {}\"f32\", \"bf16\" or \"f16\"",
-                if allow_auto { "\"auto\", " } else { "" }
-            ),
+            other => {
+                return Err(Error::Config(format!(
+                    "{key} = {other:?}: expected {}\"f32\", \"bf16\" or \"f16\"",
+                    if allow_auto { "\"auto\", " } else { "" }
+                )))
+            }
         })
     }
 }
 
-/// A teacher with its settings resolved.
+/// A teacher with every default filled in.
 #[derive(Debug, Clone)]
-pub struct TeacherSpec {
+pub struct TeacherSettings {
+    /// Its name in logs, metric columns and checkpoint files.
     pub name: String,
+    /// The Hugging Face model directory.
     pub model: PathBuf,
+    /// Its tokenizer (directory or tokenizer.json).
     pub tokenizer: PathBuf,
-    pub loss: LossMode,
+    /// The loss; `None` lets the coverage audit choose between P-KL and H-KL.
+    pub loss: Option<LossKind>,
+    /// Static weight α.
     pub alpha: f64,
+    /// Where W is read from, or built into when absent.
     pub projection: PathBuf,
+    /// Parameter dtype.
     pub dtype: DtypeChoice,
+}
+
+fn positive(key: &str, v: f64) -> Result<()> {
+    if !(v.is_finite() && v > 0.0) {
+        return Err(Error::Config(format!(
+            "{key} = {v}: must be a positive finite number"
+        )));
+    }
+    Ok(())
+}
+
+fn non_negative(key: &str, v: f64) -> Result<()> {
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(Error::Config(format!(
+            "{key} = {v}: must be a non-negative finite number"
+        )));
+    }
+    Ok(())
+}
+
+fn at_least_one(key: &str, v: u64) -> Result<()> {
+    if v == 0 {
+        return Err(Error::Config(format!("{key} = 0: must be at least 1")));
+    }
+    Ok(())
+}
+
+impl TrainingConfig {
+    /// Checks every value of `[training]`, naming the key of the first bad one.
+    fn validate(&self) -> Result<()> {
+        let t = self;
+        at_least_one("training.steps", t.steps)?;
+        at_least_one("training.batch_size", t.batch_size as u64)?;
+        at_least_one("training.micro_batch", t.micro_batch as u64)?;
+        if t.context_length < 2 {
+            return Err(Error::Config(format!(
+                "training.context_length = {}: must be at least 2",
+                t.context_length
+            )));
+        }
+        positive("training.lr", t.lr)?;
+        if !(0.0..1.0).contains(&t.warmup) {
+            return Err(Error::Config(format!(
+                "training.warmup = {}: must be a fraction in [0, 1)",
+                t.warmup
+            )));
+        }
+        non_negative("training.min_lr", t.min_lr)?;
+        if t.min_lr > t.lr {
+            return Err(Error::Config(format!(
+                "training.min_lr = {}: must not exceed training.lr = {}",
+                t.min_lr, t.lr
+            )));
+        }
+        non_negative("training.weight_decay", t.weight_decay)?;
+        for (key, v) in [("training.beta1", t.beta1), ("training.beta2", t.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return Err(Error::Config(format!("{key} = {v}: must be in [0, 1)")));
+            }
+        }
+        positive("training.epsilon", t.epsilon)?;
+        non_negative("training.grad_clip", t.grad_clip)?;
+        at_least_one("training.log_every", t.log_every)?;
+        if let Some(accum) = t.grad_accum {
+            at_least_one("training.grad_accum", accum as u64)?;
+        }
+        Ok(())
+    }
 }
 
 impl RunConfig {
@@ -346,98 +439,24 @@ impl RunConfig {
     /// Parses and validates a configuration text; relative paths stay relative to the working
     /// directory.
     pub fn parse(text: &str) -> Result<Self> {
-        let config: RunConfig = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let config: RunConfig = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
 
     /// Checks every value, naming the key of the first bad one.
     pub fn validate(&self) -> Result<()> {
-        let t = &self.training;
-        fn positive(key: &str, v: f64) -> Result<()> {
-            if !(v.is_finite() && v > 0.0) {
-                bail!("{key} = {v}: must be a positive finite number");
-            }
-            Ok(())
-        }
-        fn non_negative(key: &str, v: f64) -> Result<()> {
-            if !(v.is_finite() && v >= 0.0) {
-                bail!("{key} = {v}: must be a non-negative finite number");
-            }
-            Ok(())
-        }
-        fn at_least_one(key: &str, v: u64) -> Result<()> {
-            if v == 0 {
-                bail!("{key} = 0: must be at least 1");
-            }
-            Ok(())
-        }
-        match self.device.as_str() {
-            "cpu" | "cuda" | "wgpu" => {}
-            other => bail!("device = {other:?}: expected \"cpu\", \"cuda\" or \"wgpu\""),
-        }
+        self.device.parse::<crate::backend::DeviceKind>()?;
         self.student_dtype()?;
-        if self.teachers.is_empty() {
-            bail!("teachers: at least one [[teachers]] table is needed");
-        }
-        let mut names = std::collections::HashSet::new();
-        for (i, teacher) in self.teacher_specs()?.into_iter().enumerate() {
-            non_negative(&format!("teachers[{i}].alpha"), teacher.alpha)?;
-            let name = teacher.name;
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_alphanumeric() || "-_.".contains(c))
-            {
-                bail!("teachers[{i}].name = {name:?}: use letters, digits, '-', '_' or '.'");
-            }
-            if !names.insert(name.clone()) {
-                bail!("teachers[{i}].name = {name:?}: two teachers share this name");
-            }
-        }
-        let ext = self.data_format()?;
-        if ext == DataFormat::Txt && self.data.text_field != "text" {
-            bail!("data.text_field: a .txt file has no fields (one document per line)");
+        self.validate_teachers()?;
+        if self.data_format()? == DataFormat::Txt && self.data.text_field != "text" {
+            return Err(Error::Config(
+                "data.text_field: a .txt file has no fields (one document per line)".into(),
+            ));
         }
         at_least_one("data.prefetch", self.data.prefetch as u64)?;
-        at_least_one("training.steps", t.steps)?;
-        at_least_one("training.batch_size", t.batch_size as u64)?;
-        at_least_one("training.micro_batch", t.micro_batch as u64)?;
-        if t.context_length < 2 {
-            bail!(
-                "training.context_length = {}: must be at least 2",
-                t.context_length
-            );
-        }
-        positive("training.lr", t.lr)?;
-        if !(0.0..1.0).contains(&t.warmup) {
-            bail!(
-                "training.warmup = {}: must be a fraction in [0, 1)",
-                t.warmup
-            );
-        }
-        non_negative("training.min_lr", t.min_lr)?;
-        if t.min_lr > t.lr {
-            bail!(
-                "training.min_lr = {}: must not exceed training.lr = {}",
-                t.min_lr,
-                t.lr
-            );
-        }
-        non_negative("training.weight_decay", t.weight_decay)?;
-        for (key, v) in [("training.beta1", t.beta1), ("training.beta2", t.beta2)] {
-            if !(0.0..1.0).contains(&v) {
-                bail!("{key} = {v}: must be in [0, 1)");
-            }
-        }
-        positive("training.epsilon", t.epsilon)?;
-        non_negative("training.grad_clip", t.grad_clip)?;
-        at_least_one("training.log_every", t.log_every)?;
-        if let Some(accum) = t.grad_accum {
-            at_least_one("training.grad_accum", accum as u64)?;
-        }
+        self.training.validate()?;
         self.grad_accum(1)?;
-
         let l = &self.loss;
         positive("loss.temperature", l.temperature)?;
         non_negative("loss.lambda_kl", l.lambda_kl)?;
@@ -445,15 +464,42 @@ impl RunConfig {
         at_least_one("loss.row_chunk", l.row_chunk as u64)?;
         self.weighting()?;
         self.merge_variant()?;
-
-        let p = &self.projection;
         self.projection_params()
             .validate()
-            .map_err(|e| anyhow::anyhow!("projection: {e}"))?;
-        positive("projection.lr", p.lr)?;
+            .map_err(|e| Error::Config(format!("projection: {e}")))?;
+        positive("projection.lr", self.projection.lr)?;
         at_least_one("checkpoint.every", self.checkpoint.every)?;
         at_least_one("checkpoint.keep", self.checkpoint.keep as u64)?;
         self.save_dtype()?;
+        Ok(())
+    }
+
+    /// At least one teacher; names usable in file names and distinct; α non-negative.
+    fn validate_teachers(&self) -> Result<()> {
+        if self.teachers.is_empty() {
+            return Err(Error::Config(
+                "teachers: at least one [[teachers]] table is needed".into(),
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, teacher) in self.teacher_settings()?.into_iter().enumerate() {
+            non_negative(&format!("teachers[{i}].alpha"), teacher.alpha)?;
+            let name = teacher.name;
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || "-_.".contains(c))
+            {
+                return Err(Error::Config(format!(
+                    "teachers[{i}].name = {name:?}: use letters, digits, '-', '_' or '.'"
+                )));
+            }
+            if !names.insert(name.clone()) {
+                return Err(Error::Config(format!(
+                    "teachers[{i}].name = {name:?}: two teachers share this name"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -462,20 +508,20 @@ impl RunConfig {
         let t = &self.training;
         let per_pass = t.micro_batch * workers;
         if t.batch_size % per_pass != 0 {
-            bail!(
+            return Err(Error::Config(format!(
                 "training.batch_size = {}: must be a multiple of training.micro_batch ({}) × workers ({workers})",
                 t.batch_size,
                 t.micro_batch
-            );
+            )));
         }
         let accum = t.batch_size / per_pass;
         if let Some(given) = t.grad_accum {
             if given != accum {
-                bail!(
+                return Err(Error::Config(format!(
                     "training.grad_accum = {given}: batch_size {} / (micro_batch {} × workers {workers}) is {accum}",
                     t.batch_size,
                     t.micro_batch
-                );
+                )));
             }
         }
         Ok(accum)
@@ -494,13 +540,13 @@ impl RunConfig {
     }
 
     /// The teachers with every default filled in.
-    pub fn teacher_specs(&self) -> Result<Vec<TeacherSpec>> {
+    pub fn teacher_settings(&self) -> Result<Vec<TeacherSettings>> {
         self.teachers
             .iter()
             .enumerate()
             .map(|(i, t)| {
                 let name = self.teacher_name(i);
-                Ok(TeacherSpec {
+                Ok(TeacherSettings {
                     projection: t.projection.clone().unwrap_or_else(|| {
                         self.output_dir
                             .join("projections")
@@ -509,7 +555,7 @@ impl RunConfig {
                     name,
                     model: t.model.clone(),
                     tokenizer: t.tokenizer.clone().unwrap_or_else(|| t.model.clone()),
-                    loss: LossMode::parse(&format!("teachers[{i}].loss"), &t.loss)?,
+                    loss: parse_loss(&format!("teachers[{i}].loss"), &t.loss)?,
                     alpha: t.alpha,
                     dtype: DtypeChoice::parse(&format!("teachers[{i}].dtype"), &t.dtype, true)?,
                 })
@@ -556,12 +602,12 @@ impl RunConfig {
     pub fn weighting(&self) -> Result<Weighting> {
         Ok(match self.loss.weighting.as_str() {
             "static" => Weighting::Static,
-            "neg_ce" => Weighting::Adaptive(Confidence::NegCrossEntropy),
-            "neg_entropy" => Weighting::Adaptive(Confidence::NegEntropy),
-            "max_prob" => Weighting::Adaptive(Confidence::MaxProb),
-            other => bail!(
+            "neg_ce" => Weighting::Adaptive(ConfidenceMeasure::NegCrossEntropy),
+            "neg_entropy" => Weighting::Adaptive(ConfidenceMeasure::NegEntropy),
+            "max_prob" => Weighting::Adaptive(ConfidenceMeasure::MaxProb),
+            other => return Err(Error::Config(format!(
                 "loss.weighting = {other:?}: expected \"static\", \"neg_ce\", \"neg_entropy\" or \"max_prob\""
-            ),
+            ))),
         })
     }
 
@@ -570,7 +616,11 @@ impl RunConfig {
         Ok(match self.loss.merge.as_str() {
             "first_token" => MergeVariant::FirstToken,
             "last_token" => MergeVariant::LastToken,
-            other => bail!("loss.merge = {other:?}: expected \"first_token\" or \"last_token\""),
+            other => {
+                return Err(Error::Config(format!(
+                    "loss.merge = {other:?}: expected \"first_token\" or \"last_token\""
+                )))
+            }
         })
     }
 
@@ -615,8 +665,11 @@ impl RunConfig {
 /// The formats `data.path` may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DataFormat {
+    /// JSON Lines (`.jsonl`, `.json`): one object per line, the text in a field.
     Jsonl,
+    /// Apache Parquet: the text in a column.
     Parquet,
+    /// Plain text: one document per line.
     Txt,
 }
 
@@ -630,10 +683,12 @@ impl DataFormat {
             Some("jsonl") | Some("json") => DataFormat::Jsonl,
             Some("parquet") => DataFormat::Parquet,
             Some("txt") => DataFormat::Txt,
-            _ => bail!(
-                "{}: expected a .jsonl, .parquet or .txt file",
-                path.display()
-            ),
+            _ => {
+                return Err(Error::Config(format!(
+                    "{}: expected a .jsonl, .parquet or .txt file",
+                    path.display()
+                )))
+            }
         })
     }
 }
@@ -668,9 +723,9 @@ path = "data/train.jsonl"
         assert!(config.loss.dynamic_scaling);
         assert_eq!((config.projection.top_k, config.projection.lr), (4, 1e-2));
         assert!(config.projection.learnable);
-        let teachers = config.teacher_specs().unwrap();
+        let teachers = config.teacher_settings().unwrap();
         assert_eq!(teachers[0].name, "qwen3");
-        assert_eq!(teachers[0].loss, LossMode::Auto);
+        assert_eq!(teachers[0].loss, None);
         assert_eq!(teachers[0].alpha, 1.0);
         assert_eq!(
             teachers[0].projection,

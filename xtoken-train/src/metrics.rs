@@ -6,15 +6,18 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Context, Error, Result};
 
 /// One step's numbers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepMetrics {
+    /// Steps completed, this one included.
     pub step: u64,
+    /// The student's learning rate of the step.
     pub lr: f64,
     /// The optimized loss (with dynamic scaling: `2 · L_CE` in value).
     pub loss: f64,
+    /// The student's next-token cross-entropy.
     pub ce: f64,
     /// `Σ_m α_m L_m`.
     pub kd: f64,
@@ -22,8 +25,11 @@ pub struct StepMetrics {
     pub teachers: Vec<(f64, f64)>,
     /// The student's gradient norm before clipping.
     pub grad_norm: f64,
+    /// Student tokens trained on so far.
     pub tokens: u64,
+    /// Student tokens per second of this step.
     pub tokens_per_s: f64,
+    /// Training time so far.
     pub seconds: f64,
 }
 
@@ -81,15 +87,16 @@ impl MetricsLog {
             let mut lines = BufReader::new(file).lines();
             let first = lines.next().transpose()?.unwrap_or_default();
             if first != header(teachers) {
-                bail!(
+                return Err(Error::Run(format!(
                     "{}: its columns do not match this run's teachers; move it away to resume",
                     path.display()
-                );
+                )));
             }
             for (i, line) in lines.enumerate() {
                 let line = line?;
-                let row = parse_row(&line, teachers.len())
-                    .with_context(|| format!("{}:{}: not a metrics row", path.display(), i + 2))?;
+                let row = parse_row(&line, teachers.len()).ok_or_else(|| {
+                    Error::Run(format!("{}:{}: not a metrics row", path.display(), i + 2))
+                })?;
                 if row.step <= start_step {
                     rows.push(row);
                 }
@@ -171,29 +178,8 @@ fn escape(text: &str) -> String {
 
 /// A self-contained SVG line chart of several series sharing the axes.
 pub fn line_chart(title: &str, x_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
-    let (width, height) = (760.0, 420.0);
-    let (left, right, top, bottom) = (70.0, 170.0, 40.0, 50.0);
-    let all = series.iter().flat_map(|(_, p)| p.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, y) in all {
-        x0 = x0.min(x);
-        x1 = x1.max(x);
-        y0 = y0.min(y);
-        y1 = y1.max(y);
-    }
-    if x0 > x1 {
-        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
-    }
-    if x1 - x0 < 1e-12 {
-        x1 = x0 + 1.0;
-    }
-    if y1 - y0 < 1e-12 {
-        y1 = y0 + 1.0;
-    }
-    y0 = y0.min(0.0);
-    let (plot_w, plot_h) = (width - left - right, height - top - bottom);
-    let sx = |x: f64| left + (x - x0) / (x1 - x0) * plot_w;
-    let sy = |y: f64| top + (1.0 - (y - y0) / (y1 - y0)) * plot_h;
+    let frame = Frame::fit(series);
+    let (width, height, left, top) = (Frame::WIDTH, Frame::HEIGHT, Frame::LEFT, Frame::TOP);
     let mut svg = String::new();
     let _ = writeln!(
         svg,
@@ -205,26 +191,8 @@ pub fn line_chart(title: &str, x_label: &str, series: &[(String, Vec<(f64, f64)>
         left,
         escape(title)
     );
-    for i in 0..=5 {
-        let f = i as f64 / 5.0;
-        let (y, x) = (y0 + f * (y1 - y0), x0 + f * (x1 - x0));
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{left}" x2="{}" y1="{py:.1}" y2="{py:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            left + plot_w,
-            left - 6.0,
-            sy(y) + 4.0,
-            tick(y),
-            py = sy(y)
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
-            sx(x),
-            top + plot_h + 18.0,
-            tick(x)
-        );
-    }
+    frame.grid(&mut svg);
+    let (plot_w, plot_h) = frame.plot_size();
     let _ = writeln!(
         svg,
         r##"<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#444"/><text x="{:.1}" y="{}" text-anchor="middle">{}</text>"##,
@@ -233,11 +201,101 @@ pub fn line_chart(title: &str, x_label: &str, series: &[(String, Vec<(f64, f64)>
         escape(x_label)
     );
     for (i, (name, points)) in series.iter().enumerate() {
+        frame.curve(&mut svg, i, name, points);
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// The chart's geometry: the data's bounds and where they are drawn.
+struct Frame {
+    x0: f64,
+    x1: f64,
+    y0: f64,
+    y1: f64,
+}
+
+impl Frame {
+    const WIDTH: f64 = 760.0;
+    const HEIGHT: f64 = 420.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 170.0;
+    const TOP: f64 = 40.0;
+    const BOTTOM: f64 = 50.0;
+
+    /// Bounds around every point (the y axis starts at 0 or below); unit bounds for none.
+    fn fit(series: &[(String, Vec<(f64, f64)>)]) -> Self {
+        let all = series.iter().flat_map(|(_, p)| p.iter());
+        let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+        for &(x, y) in all {
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y0 = y0.min(y);
+            y1 = y1.max(y);
+        }
+        if x0 > x1 {
+            (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+        }
+        if x1 - x0 < 1e-12 {
+            x1 = x0 + 1.0;
+        }
+        if y1 - y0 < 1e-12 {
+            y1 = y0 + 1.0;
+        }
+        y0 = y0.min(0.0);
+        Self { x0, x1, y0, y1 }
+    }
+
+    fn plot_size(&self) -> (f64, f64) {
+        (
+            Self::WIDTH - Self::LEFT - Self::RIGHT,
+            Self::HEIGHT - Self::TOP - Self::BOTTOM,
+        )
+    }
+
+    fn sx(&self, x: f64) -> f64 {
+        Self::LEFT + (x - self.x0) / (self.x1 - self.x0) * self.plot_size().0
+    }
+
+    fn sy(&self, y: f64) -> f64 {
+        Self::TOP + (1.0 - (y - self.y0) / (self.y1 - self.y0)) * self.plot_size().1
+    }
+
+    /// Six horizontal grid lines with their values, and six x ticks.
+    fn grid(&self, svg: &mut String) {
+        let (left, (plot_w, plot_h)) = (Self::LEFT, self.plot_size());
+        for i in 0..=5 {
+            let f = i as f64 / 5.0;
+            let (y, x) = (
+                self.y0 + f * (self.y1 - self.y0),
+                self.x0 + f * (self.x1 - self.x0),
+            );
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{left}" x2="{}" y1="{py:.1}" y2="{py:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+                left + plot_w,
+                left - 6.0,
+                self.sy(y) + 4.0,
+                tick(y),
+                py = self.sy(y)
+            );
+            let _ = writeln!(
+                svg,
+                r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+                self.sx(x),
+                Self::TOP + plot_h + 18.0,
+                tick(x)
+            );
+        }
+    }
+
+    /// Series `i`: its polyline and its legend entry.
+    fn curve(&self, svg: &mut String, i: usize, name: &str, points: &[(f64, f64)]) {
         let color = COLORS[i % COLORS.len()];
         if !points.is_empty() {
             let path: Vec<String> = points
                 .iter()
-                .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+                .map(|&(x, y)| format!("{:.1},{:.1}", self.sx(x), self.sy(y)))
                 .collect();
             let _ = writeln!(
                 svg,
@@ -245,7 +303,8 @@ pub fn line_chart(title: &str, x_label: &str, series: &[(String, Vec<(f64, f64)>
                 path.join(" ")
             );
         }
-        let ly = top + 14.0 + 18.0 * i as f64;
+        let (width, right) = (Self::WIDTH, Self::RIGHT);
+        let ly = Self::TOP + 14.0 + 18.0 * i as f64;
         let _ = writeln!(
             svg,
             r#"<line x1="{}" x2="{}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="3"/><text x="{}" y="{}">{}</text>"#,
@@ -256,8 +315,6 @@ pub fn line_chart(title: &str, x_label: &str, series: &[(String, Vec<(f64, f64)>
             escape(name)
         );
     }
-    svg.push_str("</svg>\n");
-    svg
 }
 
 fn tick(v: f64) -> String {

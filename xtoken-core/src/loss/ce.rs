@@ -1,10 +1,7 @@
 //! Next-token cross-entropy of the student, fused like the distillation losses: row chunks,
 //! gradient `(softmax − onehot)/n` computed in the same pass, no full-vocabulary copies.
 
-use std::sync::Arc;
-
 use burn::tensor::{Tensor, TensorPrimitive};
-use xtoken_kernels::{GradRequest, LossSpec, MergePlan, Objective};
 
 use super::{kernel_error, LossParams, XTokenBackend};
 use crate::error::{Error, Result};
@@ -25,16 +22,8 @@ pub fn loss<B: XTokenBackend>(
             found: next_token.len().to_string(),
         });
     }
-    let spec = LossSpec {
-        objective: Objective::CrossEntropy {
-            targets: Arc::from(next_token),
-        },
-        merge: MergePlan::default(),
-        tau: 1.0,
-        row_chunk: params.row_chunk,
-    };
     let logits = logits.into_primitive().tensor();
-    let out = B::xt_loss(logits, None, None, &spec, GradRequest::default())
+    let out = B::xt_cross_entropy(logits, next_token, params.row_chunk, false)
         .map_err(|e| kernel_error(e, len, len))?;
     Ok(Tensor::from_primitive(TensorPrimitive::Float(out.value)))
 }

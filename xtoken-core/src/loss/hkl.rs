@@ -5,9 +5,8 @@
 
 use burn::tensor::Tensor;
 
-use super::gold::CommonTables;
 use super::{evaluate, Loss, LossParams, TeacherTargets, XTokenBackend};
-use crate::common::CommonSet;
+use crate::common::{CommonSet, CommonTables};
 use crate::error::Result;
 use crate::projection::SparseProjection;
 
@@ -28,5 +27,5 @@ pub fn loss<B: XTokenBackend>(
     relaxed: &CommonTables,
     params: &LossParams,
 ) -> Result<Tensor<B, 1>> {
-    evaluate(student_logits, targets, Loss::Hkl(relaxed), params)
+    evaluate(student_logits, targets, Loss::hkl(relaxed), params)
 }

@@ -15,5 +15,5 @@ pub fn loss<B: XTokenBackend>(
     targets: &TeacherTargets<B>,
     params: &LossParams,
 ) -> Result<Tensor<B, 1>> {
-    evaluate(student_logits, targets, Loss::Kl, params)
+    evaluate(student_logits, targets, Loss::kl(), params)
 }

@@ -81,12 +81,12 @@ pub mod uld;
 use std::sync::Arc;
 
 use burn::tensor::{Tensor, TensorPrimitive};
-pub use xtoken_kernels::XTokenBackend;
+pub use xtoken_kernels::{ConfidenceStats, LossKind, XTokenBackend};
 use xtoken_kernels::{
-    CommonPairs, Confidence, GradRequest, KernelError, LossSpec, MergePlan, Objective,
-    TeacherEntries, TeacherSpec,
+    DistillSpec, EntriesSpec, GradRequest, KernelError, MergePlan, TeacherEntries,
 };
 
+use crate::common::CommonTables;
 use crate::error::{Error, Result};
 use crate::plan::{BatchPlan, SideIndices};
 
@@ -277,7 +277,7 @@ impl<B: XTokenBackend> TeacherTargets<B> {
             plan.teacher_len,
         )?;
         let rows = batch * len;
-        let spec = TeacherSpec {
+        let spec = EntriesSpec {
             merge: merge_plan(&plan.teacher, &plan.chunk_mask, rows),
             top_k: params.top_k.get(),
             tau: params.tau as f32,
@@ -317,7 +317,7 @@ impl<B: XTokenBackend> TeacherTargets<B> {
     }
 
     /// The confidence statistics, when built [`with_confidence`](Self::with_confidence).
-    pub fn confidence(&self) -> Option<Confidence> {
+    pub fn confidence(&self) -> Option<ConfidenceStats> {
         self.entries.confidence
     }
 
@@ -331,19 +331,13 @@ impl<B: XTokenBackend> TeacherTargets<B> {
     }
 }
 
-/// Which loss a teacher is distilled with, and the data it needs.
+/// A teacher's loss bound to the tables it reads: the strict or relaxed common set (GOLD,
+/// H-KL) or the learnable W (P-KL).
 #[derive(Debug)]
-pub enum Loss<'a, B: XTokenBackend> {
-    /// Same-tokenizer KL on the teacher's top-K ([`kl`]).
-    Kl,
-    /// Sorted L1 on the whole vocabularies ([`uld`]).
-    Uld,
-    /// GOLD: common KL on the strict set + ULD on the remainders ([`gold`]).
-    Gold(&'a gold::CommonTables),
-    /// H-KL: GOLD on the set relaxed by W's top-1 ([`hkl`]).
-    Hkl(&'a gold::CommonTables),
-    /// P-KL: KL against the projected student `Wᵀp̂_S` ([`pkl`]).
-    Pkl(&'a pkl::LearnableProjection<B>),
+pub struct Loss<'a, B: XTokenBackend> {
+    kind: LossKind,
+    common: Option<&'a CommonTables>,
+    projection: Option<&'a pkl::LearnableProjection<B>>,
 }
 
 // Manual impls: derived ones would require `B: Copy`.
@@ -355,16 +349,77 @@ impl<B: XTokenBackend> Clone for Loss<'_, B> {
 
 impl<B: XTokenBackend> Copy for Loss<'_, B> {}
 
-impl<B: XTokenBackend> Loss<'_, B> {
+impl<'a, B: XTokenBackend> Loss<'a, B> {
+    /// Same-tokenizer KL on the teacher's top-K ([`kl`]).
+    pub fn kl() -> Self {
+        Self::bare(LossKind::Kl)
+    }
+
+    /// Sorted L1 on the whole vocabularies ([`uld`]).
+    pub fn uld() -> Self {
+        Self::bare(LossKind::Uld)
+    }
+
+    /// GOLD: common KL on the strict set + ULD on the remainders ([`gold`]).
+    pub fn gold(strict: &'a CommonTables) -> Self {
+        Self {
+            common: Some(strict),
+            ..Self::bare(LossKind::Gold)
+        }
+    }
+
+    /// H-KL: GOLD on the set relaxed by W's top-1 ([`hkl`]).
+    pub fn hkl(relaxed: &'a CommonTables) -> Self {
+        Self {
+            common: Some(relaxed),
+            ..Self::bare(LossKind::Hkl)
+        }
+    }
+
+    /// P-KL: KL against the projected student `Wᵀp̂_S` ([`pkl`]).
+    pub fn pkl(w: &'a pkl::LearnableProjection<B>) -> Self {
+        Self {
+            projection: Some(w),
+            ..Self::bare(LossKind::Pkl)
+        }
+    }
+
+    /// `kind` with whichever of the tables it reads; an error names the one missing.
+    pub fn new(
+        kind: LossKind,
+        common: Option<&'a CommonTables>,
+        projection: Option<&'a pkl::LearnableProjection<B>>,
+    ) -> Result<Self> {
+        let missing = |what: &'static str| Error::BadParameter {
+            name: "loss",
+            value: kind.name().to_string(),
+            why: what,
+        };
+        Ok(match kind {
+            LossKind::Kl => Self::kl(),
+            LossKind::Uld => Self::uld(),
+            LossKind::Gold => Self::gold(common.ok_or(missing("needs the strict common set"))?),
+            LossKind::Hkl => Self::hkl(common.ok_or(missing("needs the relaxed common set"))?),
+            LossKind::Pkl => Self::pkl(projection.ok_or(missing("needs the projection W"))?),
+        })
+    }
+
+    fn bare(kind: LossKind) -> Self {
+        Self {
+            kind,
+            common: None,
+            projection: None,
+        }
+    }
+
+    /// Which loss this is.
+    pub fn kind(&self) -> LossKind {
+        self.kind
+    }
+
     /// The paper's name of the loss.
     pub fn name(&self) -> &'static str {
-        match self {
-            Loss::Kl => "KL",
-            Loss::Uld => "ULD",
-            Loss::Gold(_) => "GOLD",
-            Loss::Hkl(_) => "H-KL",
-            Loss::Pkl(_) => "P-KL",
-        }
+        self.kind.name()
     }
 }
 
@@ -392,42 +447,29 @@ pub fn evaluate<B: XTokenBackend>(
         targets.student_len,
     )?;
     let teacher_vocab = targets.entries.vocab;
-    let (objective, projection) = match loss {
-        Loss::Kl => (Objective::Kl, None),
-        Loss::Uld => (
-            Objective::Hybrid {
-                common: Arc::new(CommonPairs::none(vocab, teacher_vocab)),
-                lambda_kl: 0.0,
-                lambda_uld: params.lambda_uld as f32,
-            },
-            None,
-        ),
-        Loss::Gold(tables) | Loss::Hkl(tables) => (
-            Objective::Hybrid {
-                common: tables.pairs_for(vocab, teacher_vocab)?,
-                lambda_kl: params.lambda_kl as f32,
-                lambda_uld: params.lambda_uld as f32,
-            },
-            None,
-        ),
-        Loss::Pkl(w) => (
-            Objective::Projected {
-                eps: params.eps as f32,
-            },
-            Some(w.tensors(vocab, teacher_vocab)?),
-        ),
+    let common = match loss.common {
+        Some(tables) => Some(tables.pairs_for(vocab, teacher_vocab)?),
+        None => None,
     };
-    let spec = LossSpec {
-        objective,
+    let projection = match loss.projection {
+        Some(w) => Some(w.tensors(vocab, teacher_vocab)?),
+        None => None,
+    };
+    let spec = DistillSpec {
+        loss: loss.kind,
         merge: targets.student.clone(),
         tau: params.tau as f32,
         row_chunk: params.row_chunk,
+        common,
+        lambda_kl: params.lambda_kl as f32,
+        lambda_uld: params.lambda_uld as f32,
+        eps: params.eps as f32,
     };
     let logits = student_logits.into_primitive().tensor();
-    let out = B::xt_loss(
+    let out = B::xt_distill(
         logits,
+        targets.entries.clone(),
         projection,
-        Some(targets.entries.clone()),
         &spec,
         GradRequest::default(),
     )

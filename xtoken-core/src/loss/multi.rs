@@ -8,9 +8,9 @@ use burn::tensor::{Tensor, TensorData};
 use super::{evaluate, Loss, LossParams, TeacherTargets, XTokenBackend};
 use crate::error::{Error, Result};
 
-/// Which confidence drives adaptive α.
+/// Which confidence measure drives adaptive α.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Confidence {
+pub enum ConfidenceMeasure {
     /// Mean `log p_T[y]` of the observed next token (`−CE`).
     NegCrossEntropy,
     /// Mean `Σ p_T log p_T` (`−H`).
@@ -26,7 +26,7 @@ pub enum Weighting {
     Static,
     /// `α = softmax_m(confidence_m)`; needs targets built with
     /// [`TeacherTargets::with_confidence`].
-    Adaptive(Confidence),
+    Adaptive(ConfidenceMeasure),
 }
 
 /// One teacher's term.
@@ -82,9 +82,9 @@ pub fn alphas<B: XTokenBackend>(
                         why: "adaptive α needs targets built with TeacherTargets::with_confidence",
                     })?;
                     Ok(match kind {
-                        Confidence::NegCrossEntropy => c.neg_cross_entropy,
-                        Confidence::NegEntropy => c.neg_entropy,
-                        Confidence::MaxProb => c.max_prob,
+                        ConfidenceMeasure::NegCrossEntropy => c.neg_cross_entropy,
+                        ConfidenceMeasure::NegEntropy => c.neg_entropy,
+                        ConfidenceMeasure::MaxProb => c.max_prob,
                     })
                 })
                 .collect::<Result<Vec<f64>>>()?;

@@ -135,5 +135,5 @@ pub fn loss<B: XTokenBackend>(
     w: &LearnableProjection<B>,
     params: &LossParams,
 ) -> Result<Tensor<B, 1>> {
-    evaluate(student_logits, targets, Loss::Pkl(w), params)
+    evaluate(student_logits, targets, Loss::pkl(w), params)
 }

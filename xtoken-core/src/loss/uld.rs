@@ -16,5 +16,5 @@ pub fn loss<B: XTokenBackend>(
     targets: &TeacherTargets<B>,
     params: &LossParams,
 ) -> Result<Tensor<B, 1>> {
-    evaluate(student_logits, targets, Loss::Uld, params)
+    evaluate(student_logits, targets, Loss::uld(), params)
 }

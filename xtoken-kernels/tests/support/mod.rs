@@ -1,14 +1,15 @@
 //! One small distillation case (two sequences, chunks with continuation terms, a projection with
-//! empty slots, a common set) with all four objectives, on any backend.
+//! empty slots, a common set) with every loss and cross-entropy, on any backend.
 #![allow(dead_code)]
 
 use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 use xtoken_kernels::{
-    CommonPairs, MergePlan, Objective, ProjectionTensors, TeacherEntries, TeacherSpec,
-    XTokenBackend,
+    host, CommonPairs, DistillSpec, EntriesSpec, GradRequest, KernelError, LossKind, LossOutput,
+    MergePlan, ProjectionTensors, TeacherEntries, XTokenBackend,
 };
 
 pub const STUDENT_VOCAB: usize = 9;
@@ -51,8 +52,8 @@ pub fn merge() -> MergePlan {
     }
 }
 
-pub fn teacher_spec() -> TeacherSpec {
-    TeacherSpec {
+pub fn teacher_spec() -> EntriesSpec {
+    EntriesSpec {
         merge: merge(),
         top_k: 5,
         tau: 1.5,
@@ -79,34 +80,144 @@ pub fn projection<B: Backend>(device: &B::Device) -> ProjectionTensors<B> {
     }
 }
 
-pub fn objectives() -> Vec<Objective> {
+/// One evaluation of the tests: a distillation loss with its common set and weights, or
+/// cross-entropy with its targets.
+#[derive(Debug, Clone)]
+pub enum Evaluation {
+    Distill {
+        loss: LossKind,
+        common: Option<Arc<CommonPairs>>,
+        lambda_kl: f32,
+        lambda_uld: f32,
+    },
+    CrossEntropy(Arc<[i32]>),
+}
+
+/// What [`Evaluation::run`] evaluates on.
+pub struct Inputs<B: Backend> {
+    pub logits: FloatTensor<B>,
+    pub teacher: TeacherEntries<B>,
+    pub projection: Option<ProjectionTensors<B>>,
+    pub merge: MergePlan,
+    pub tau: f32,
+    pub row_chunk: usize,
+    pub want: GradRequest,
+}
+
+impl Evaluation {
+    /// A distillation loss with the given common set and weights.
+    pub fn distill(loss: LossKind, common: Option<CommonPairs>, lambdas: (f32, f32)) -> Self {
+        Evaluation::Distill {
+            loss,
+            common: common.map(Arc::new),
+            lambda_kl: lambdas.0,
+            lambda_uld: lambdas.1,
+        }
+    }
+
+    /// Whether this is the distillation loss `kind`.
+    pub fn is(&self, kind: LossKind) -> bool {
+        matches!(self, Evaluation::Distill { loss, .. } if *loss == kind)
+    }
+
+    /// Whether this reads the projection W.
+    pub fn reads_projection(&self) -> bool {
+        self.is(LossKind::Pkl)
+    }
+
+    fn spec(&self, merge: MergePlan, tau: f32, row_chunk: usize) -> Option<DistillSpec> {
+        match self {
+            Evaluation::Distill {
+                loss,
+                common,
+                lambda_kl,
+                lambda_uld,
+            } => Some(DistillSpec {
+                loss: *loss,
+                merge,
+                tau,
+                row_chunk,
+                common: common.clone(),
+                lambda_kl: *lambda_kl,
+                lambda_uld: *lambda_uld,
+                eps: 1e-10,
+            }),
+            Evaluation::CrossEntropy(_) => None,
+        }
+    }
+
+    /// Runs it through the backend's operations.
+    pub fn run<B: XTokenBackend>(&self, x: Inputs<B>) -> Result<LossOutput<B>, KernelError> {
+        match (self, self.spec(x.merge, x.tau, x.row_chunk)) {
+            (_, Some(spec)) => B::xt_distill(x.logits, x.teacher, x.projection, &spec, x.want),
+            (Evaluation::CrossEntropy(targets), None) => {
+                B::xt_cross_entropy(x.logits, targets, x.row_chunk, x.want.logits)
+            }
+            (Evaluation::Distill { .. }, None) => unreachable!("a distillation loss has a spec"),
+        }
+    }
+
+    /// Runs it through the portable host implementation.
+    pub fn run_host<B: Backend>(&self, x: Inputs<B>) -> Result<LossOutput<B>, KernelError> {
+        match (self, self.spec(x.merge, x.tau, x.row_chunk)) {
+            (_, Some(spec)) => host::distill::<B>(x.logits, x.teacher, x.projection, &spec, x.want),
+            (Evaluation::CrossEntropy(targets), None) => {
+                host::cross_entropy::<B>(x.logits, targets, x.row_chunk, x.want.logits)
+            }
+            (Evaluation::Distill { .. }, None) => unreachable!("a distillation loss has a spec"),
+        }
+    }
+}
+
+/// The small case's inputs for `evaluation`: `student` logits, the teacher entries it reads,
+/// W when it reads one; both gradients requested.
+pub fn small_inputs<B: XTokenBackend>(
+    evaluation: &Evaluation,
+    student: &Tensor<B, 3>,
+    entries: &TeacherEntries<B>,
+    device: &B::Device,
+) -> Inputs<B> {
+    Inputs {
+        logits: student.clone().into_primitive().tensor(),
+        teacher: entries_for::<B>(evaluation, entries, device),
+        projection: evaluation
+            .reads_projection()
+            .then(|| projection::<B>(device)),
+        merge: merge(),
+        tau: 1.5,
+        row_chunk: 2,
+        want: GradRequest {
+            logits: true,
+            weights: true,
+        },
+    }
+}
+
+/// Every loss and cross-entropy on the small case.
+pub fn evaluations() -> Vec<Evaluation> {
     let pairs: Vec<(u32, u32)> = vec![(0, 3), (2, 0), (5, 7), (8, 10)];
+    let common = CommonPairs::new(&pairs, STUDENT_VOCAB, TEACHER_VOCAB).unwrap();
     vec![
-        Objective::Kl,
-        Objective::Projected { eps: 1e-10 },
-        Objective::Hybrid {
-            common: Arc::new(CommonPairs::new(&pairs, STUDENT_VOCAB, TEACHER_VOCAB).unwrap()),
-            lambda_kl: 1.0,
-            lambda_uld: 0.5,
-        },
-        Objective::CrossEntropy {
-            targets: Arc::from(vec![3, 1, 4, 1, 5, -1, 8, 2, 6, 5, 3, -1]),
-        },
+        Evaluation::distill(LossKind::Kl, None, (1.0, 1.0)),
+        Evaluation::distill(LossKind::Pkl, None, (1.0, 1.0)),
+        Evaluation::distill(LossKind::Gold, Some(common), (1.0, 0.5)),
+        Evaluation::distill(LossKind::Uld, None, (1.0, 0.5)),
+        Evaluation::CrossEntropy(Arc::from(vec![3, 1, 4, 1, 5, -1, 8, 2, 6, 5, 3, -1])),
     ]
 }
 
-/// The teacher entries `objective` reads: KL reads teacher ids as student ids, so it gets a
+/// The teacher entries `evaluation` reads: KL reads teacher ids as student ids, so it gets a
 /// teacher as wide as the student; the others get `entries`.
 pub fn entries_for<B: XTokenBackend>(
-    objective: &Objective,
+    evaluation: &Evaluation,
     entries: &TeacherEntries<B>,
     device: &B::Device,
 ) -> TeacherEntries<B> {
-    if !matches!(objective, Objective::Kl) {
+    if !evaluation.is(LossKind::Kl) {
         return entries.clone();
     }
     let narrow = logits::<B>(3, [2, 6, STUDENT_VOCAB], device);
-    let spec = TeacherSpec {
+    let spec = EntriesSpec {
         next_token: None,
         ..teacher_spec()
     };

@@ -20,9 +20,9 @@ use serde::Serialize;
 use xtoken_core::vocab::Vocabulary;
 use xtoken_models::{Architecture, CausalLm, SaveDtype, Transformer};
 
-use crate::config::RunConfig;
-use crate::metrics::line_chart;
-use crate::train::{run_config, TrainArgs};
+use xtoken_train::launch::{train_on, Devices};
+use xtoken_train::metrics::line_chart;
+use xtoken_train::{RunConfig, RunOptions};
 
 /// Options of `xtoken demo`.
 #[derive(Args)]
@@ -61,6 +61,12 @@ pub struct MethodResult {
     pub final_loss: f64,
 }
 
+/// A problem: its prompt (ending in "A:") and its answer.
+type Problem = (String, String);
+
+/// A named curve of `(step, value)` points.
+type Curve = (String, Vec<(f64, f64)>);
+
 /// xorshift64*: the corpus generator.
 struct Rng(u64);
 
@@ -82,7 +88,7 @@ impl Rng {
 /// An arithmetic word problem: the prompt (ending in "A:") and the answer. Three kinds, from
 /// copying a numeral (learnable in minutes) to the successor of a 1–3 digit number (digit-wise
 /// easy, but a 1-of-1000 choice for a tokenizer with one token per number).
-fn problem(rng: &mut Rng) -> (String, String) {
+fn problem(rng: &mut Rng) -> Problem {
     let name = rng.pick(&["Ann", "Ben", "Cleo", "Dev", "Eva", "Finn", "Gus", "Hana"]);
     let thing = rng.pick(&["apples", "coins", "books", "stamps", "shells", "cards"]);
     let (question, answer) = match rng.below(3) {
@@ -229,17 +235,12 @@ save_dtype = "f32"
     )
 }
 
+/// Trains one run of the demo on the device its configuration names (the CPU).
 fn train(text: &str) -> Result<()> {
     let config = RunConfig::parse(text)?;
-    let args = TrainArgs {
-        config: PathBuf::from("demo.toml"),
-        resume: false,
-        device: None,
-        stop_after: None,
-        workers: Default::default(),
-        bench: false,
-    };
-    run_config(config, &args).map(drop)
+    let devices = Devices::of(&config)?;
+    train_on(config, &RunOptions::default(), &devices)?;
+    Ok(())
 }
 
 /// Mean training CE over the last 10 % of a run's steps, and the CE curve.
@@ -260,25 +261,55 @@ fn ce_curve(run: &Path) -> Result<(f64, Vec<(f64, f64)>)> {
     Ok((mean, points))
 }
 
-/// Greedy answers and numeral next-token accuracy of a model on held-out problems.
-fn evaluate(model_dir: &Path, held_out: &[(String, String)]) -> Result<(f64, f64)> {
-    let device = Default::default();
-    let model = Transformer::<NdArray>::load(model_dir, &device)?;
-    let vocab = Vocabulary::load(model_dir)?;
-    let tokenizer = vocab.tokenizer();
-    let is_numeral: Vec<bool> = vocab
-        .tokens()
-        .iter()
-        .map(|t| {
-            let digits = t.bytes.strip_prefix(b" ").unwrap_or(&t.bytes);
-            !digits.is_empty() && digits.iter().all(u8::is_ascii_digit)
+/// A model directory with its tokenizer, for evaluation on the CPU.
+struct Evaluated {
+    model: Transformer<NdArray>,
+    tokenizer: tokenizers::Tokenizer,
+    /// Per token id: whether it is a numeral (digits after an optional space).
+    is_numeral: Vec<bool>,
+}
+
+impl Evaluated {
+    fn load(model_dir: &Path) -> Result<Self> {
+        let model = Transformer::<NdArray>::load(model_dir, &Default::default())?;
+        let vocab = Vocabulary::load(model_dir)?;
+        let is_numeral = vocab
+            .tokens()
+            .iter()
+            .map(|t| {
+                let digits = t.bytes.strip_prefix(b" ").unwrap_or(&t.bytes);
+                !digits.is_empty() && digits.iter().all(u8::is_ascii_digit)
+            })
+            .collect();
+        Ok(Self {
+            model,
+            tokenizer: vocab.tokenizer().clone(),
+            is_numeral,
         })
-        .collect();
-    let logits_of = |ids: &[u32]| -> Result<Vec<u32>> {
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| anyhow!("{e}"))?
+            .get_ids()
+            .to_vec())
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(|e| anyhow!("{e}"))
+    }
+
+    /// The most probable next token at every position.
+    fn argmax(&self, ids: &[u32]) -> Result<Vec<u32>> {
         let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
         let n = ids.len();
-        let input = Tensor::<NdArray, 2, Int>::from_data(TensorData::new(ids, [1, n]), &device);
-        let logits = model.forward(input, None)?;
+        let input =
+            Tensor::<NdArray, 2, Int>::from_data(TensorData::new(ids, [1, n]), &Default::default());
+        let logits = self.model.forward(input, None)?;
         let argmax = logits.argmax(2).into_data().convert::<i64>();
         Ok(argmax
             .to_vec::<i64>()
@@ -286,57 +317,60 @@ fn evaluate(model_dir: &Path, held_out: &[(String, String)]) -> Result<(f64, f64
             .into_iter()
             .map(|i| i as u32)
             .collect())
-    };
-    let (mut right_answers, mut numeral_total, mut numeral_right) = (0usize, 0usize, 0usize);
-    for (prompt, answer) in held_out {
-        // Teacher-forced: every numeral token of the answer (the question's numerals are random,
-        // so nothing can predict them).
-        let full = tokenizer
-            .encode(format!("{prompt}{answer}\n"), false)
-            .map_err(|e| anyhow!("{e}"))?;
-        let ids = full.get_ids();
-        let prompt_len = tokenizer
-            .encode(prompt.as_str(), false)
-            .map_err(|e| anyhow!("{e}"))?
-            .get_ids()
-            .len();
-        let predicted = logits_of(ids)?;
+    }
+
+    /// Teacher-forced: `(right, total)` over the numeral tokens of the answer (the question's
+    /// numerals are random, so nothing can predict them).
+    fn numerals(&self, prompt: &str, answer: &str) -> Result<(usize, usize)> {
+        let ids = self.encode(&format!("{prompt}{answer}\n"))?;
+        let prompt_len = self.encode(prompt)?.len();
+        let predicted = self.argmax(&ids)?;
+        let (mut right, mut total) = (0, 0);
         for p in prompt_len.saturating_sub(1)..ids.len() - 1 {
-            if is_numeral
+            if self
+                .is_numeral
                 .get(ids[p + 1] as usize)
                 .copied()
                 .unwrap_or(false)
             {
-                numeral_total += 1;
-                numeral_right += usize::from(predicted[p] == ids[p + 1]);
+                total += 1;
+                right += usize::from(predicted[p] == ids[p + 1]);
             }
         }
-        // Greedy decoding of the answer.
-        let mut ids = tokenizer
-            .encode(prompt.as_str(), false)
-            .map_err(|e| anyhow!("{e}"))?
-            .get_ids()
-            .to_vec();
+        Ok((right, total))
+    }
+
+    /// Whether greedy decoding after the prompt gives the answer.
+    fn answers(&self, prompt: &str, answer: &str) -> Result<bool> {
+        let mut ids = self.encode(prompt)?;
         let start = ids.len();
         for _ in 0..6 {
-            let next = *logits_of(&ids)?.last().unwrap_or(&0);
+            let next = *self.argmax(&ids)?.last().unwrap_or(&0);
             ids.push(next);
-            let text = tokenizer
-                .decode(&ids[start..], false)
-                .map_err(|e| anyhow!("{e}"))?;
+            let text = self.decode(&ids[start..])?;
             if text.contains('\n') || text.trim().len() > answer.trim().len() {
                 break;
             }
         }
-        let text = tokenizer
-            .decode(&ids[start..], false)
-            .map_err(|e| anyhow!("{e}"))?;
+        let text = self.decode(&ids[start..])?;
         let given: String = text
             .trim_start()
             .chars()
             .take_while(char::is_ascii_digit)
             .collect();
-        right_answers += usize::from(given == answer.trim());
+        Ok(given == answer.trim())
+    }
+}
+
+/// Greedy answers and numeral next-token accuracy of a model on held-out problems.
+fn evaluate(model_dir: &Path, held_out: &[Problem]) -> Result<(f64, f64)> {
+    let model = Evaluated::load(model_dir)?;
+    let (mut right_answers, mut numeral_total, mut numeral_right) = (0usize, 0usize, 0usize);
+    for (prompt, answer) in held_out {
+        let (right, total) = model.numerals(prompt, answer)?;
+        numeral_right += right;
+        numeral_total += total;
+        right_answers += usize::from(model.answers(prompt, answer)?);
     }
     Ok((
         right_answers as f64 / held_out.len().max(1) as f64,
@@ -344,38 +378,32 @@ fn evaluate(model_dir: &Path, held_out: &[(String, String)]) -> Result<(f64, f64
     ))
 }
 
-/// Runs the demo.
-pub fn run(args: DemoArgs) -> Result<()> {
-    let start = Instant::now();
-    let out = &args.out;
-    if out.join("runs").exists() {
-        std::fs::remove_dir_all(out.join("runs"))?;
-    }
-    std::fs::create_dir_all(out)?;
-    let say = |text: &str| eprintln!("\n== {text}");
-
-    say("corpus: arithmetic word problems");
+/// The corpus: training problems written as JSON lines (returned as texts) and held-out ones.
+fn corpus(args: &DemoArgs, data: &Path) -> Result<(Vec<String>, Vec<Problem>)> {
     let mut rng = Rng(args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let train_set: Vec<(String, String)> = (0..args.problems).map(|_| problem(&mut rng)).collect();
-    let held_out: Vec<(String, String)> = (0..args.held_out).map(|_| problem(&mut rng)).collect();
+    let train_set: Vec<Problem> = (0..args.problems).map(|_| problem(&mut rng)).collect();
+    let held_out: Vec<Problem> = (0..args.held_out).map(|_| problem(&mut rng)).collect();
     let texts: Vec<String> = train_set.iter().map(|(q, a)| format!("{q}{a}\n")).collect();
-    let data = out.join("train.jsonl");
     let lines: Vec<String> = texts
         .iter()
         .map(|t| serde_json::json!({ "text": t }).to_string())
         .collect();
-    std::fs::write(&data, lines.join("\n") + "\n")?;
+    std::fs::write(data, lines.join("\n") + "\n")?;
     eprintln!(
         "{} training and {} held-out problems, e.g. {:?}",
         train_set.len(),
         held_out.len(),
         texts[0]
     );
+    Ok((texts, held_out))
+}
 
-    say("tokenizers: the teacher's splits digits, the student's keeps up to three together");
-    let (teacher_init, student_init) = (out.join("teacher-init"), out.join("student-init"));
-    train_tokenizer(&teacher_init, true, 400, &texts)?;
-    train_tokenizer(&student_init, false, 1600, &texts)?;
+/// The two tokenizers, trained on the corpus, and a random tiny Llama for each.
+fn tokenizers_and_models(args: &DemoArgs, texts: &[String]) -> Result<(PathBuf, PathBuf)> {
+    let (teacher_init, student_init) =
+        (args.out.join("teacher-init"), args.out.join("student-init"));
+    train_tokenizer(&teacher_init, true, 400, texts)?;
+    train_tokenizer(&student_init, false, 1600, texts)?;
     for (name, dir) in [("teacher", &teacher_init), ("student", &student_init)] {
         let vocab = Vocabulary::load(dir)?;
         let ids = vocab.encode(" 742 + 58")?;
@@ -391,10 +419,95 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
     init_model(&teacher_init, 96, 3, args.seed)?;
     init_model(&student_init, 64, 2, args.seed + 1)?;
+    Ok((teacher_init, student_init))
+}
+
+/// One student per method, distilled from `teacher` and evaluated; returns the results and the
+/// training CE curves.
+fn students(
+    args: &DemoArgs,
+    (student_init, teacher, data): (&Path, &Path, &Path),
+    held_out: &[Problem],
+) -> Result<(Vec<MethodResult>, Vec<Curve>)> {
+    let methods = [
+        ("CE only", "uld", 0.0),
+        ("GOLD", "gold", 1.0),
+        ("ULD", "uld", 1.0),
+        ("P-KL", "pkl", 1.0),
+        ("H-KL", "hkl", 1.0),
+    ];
+    let mut results = Vec::new();
+    let mut curves = Vec::new();
+    for (method, loss, alpha) in methods {
+        eprintln!("\n== student: {method}");
+        let run = args
+            .out
+            .join("runs")
+            .join(method.replace(' ', "-").to_lowercase());
+        let spec = Run {
+            out: &run,
+            student: student_init,
+            teacher,
+            loss,
+            alpha,
+            steps: args.student_steps,
+        };
+        train(&run_toml(&spec, data, args.seed))?;
+        let (final_loss, curve) = ce_curve(&run)?;
+        let (answer_accuracy, numeral_accuracy) = evaluate(&run.join("student"), held_out)?;
+        curves.push((method.to_string(), curve));
+        results.push(MethodResult {
+            method: method.into(),
+            answer_accuracy,
+            numeral_accuracy,
+            final_loss,
+        });
+    }
+    Ok((results, curves))
+}
+
+/// The results as a Markdown table, the teacher's row first.
+fn table(teacher: &MethodResult, results: &[MethodResult]) -> String {
+    let mut table = String::from(
+        "| method | answer accuracy | numeral-token accuracy | final training CE |\n|---|---:|---:|---:|\n",
+    );
+    table.push_str(&format!(
+        "| teacher (digit-splitting tokenizer, CE) | {:.1} % | {:.1} % | {:.3} |\n",
+        100.0 * teacher.answer_accuracy,
+        100.0 * teacher.numeral_accuracy,
+        teacher.final_loss
+    ));
+    for r in results {
+        table.push_str(&format!(
+            "| student, {} | {:.1} % | {:.1} % | {:.3} |\n",
+            r.method,
+            100.0 * r.answer_accuracy,
+            100.0 * r.numeral_accuracy,
+            r.final_loss
+        ));
+    }
+    table
+}
+
+/// Runs the demo.
+pub fn run(args: DemoArgs) -> Result<()> {
+    let start = Instant::now();
+    let out = &args.out;
+    if out.join("runs").exists() {
+        std::fs::remove_dir_all(out.join("runs"))?;
+    }
+    std::fs::create_dir_all(out)?;
+    let say = |text: &str| eprintln!("\n== {text}");
+
+    say("corpus: arithmetic word problems");
+    let data = out.join("train.jsonl");
+    let (texts, held_out) = corpus(&args, &data)?;
+
+    say("tokenizers: the teacher's splits digits, the student's keeps up to three together");
+    let (teacher_init, student_init) = tokenizers_and_models(&args, &texts)?;
 
     say("the teacher: cross-entropy only");
-    let runs = out.join("runs");
-    let teacher_run = runs.join("teacher");
+    let teacher_run = out.join("runs").join("teacher");
     let teacher_spec = Run {
         out: &teacher_run,
         student: &teacher_init,
@@ -405,59 +518,34 @@ pub fn run(args: DemoArgs) -> Result<()> {
     };
     train(&run_toml(&teacher_spec, &data, args.seed))?;
     let teacher = teacher_run.join("student");
-
-    let methods = [
-        ("CE only", "uld", 0.0),
-        ("GOLD", "gold", 1.0),
-        ("ULD", "uld", 1.0),
-        ("P-KL", "pkl", 1.0),
-        ("H-KL", "hkl", 1.0),
-    ];
-    let mut results = Vec::new();
-    let mut curves = Vec::new();
-    let (teacher_final, _) = ce_curve(&teacher_run)?;
-    let (teacher_answers, teacher_numerals) = evaluate(&teacher, &held_out)?;
-    for (method, loss, alpha) in methods {
-        say(&format!("student: {method}"));
-        let run = runs.join(method.replace(' ', "-").to_lowercase());
-        let spec = Run {
-            out: &run,
-            student: &student_init,
-            teacher: &teacher,
-            loss,
-            alpha,
-            steps: args.student_steps,
-        };
-        train(&run_toml(&spec, &data, args.seed))?;
-        let (final_loss, curve) = ce_curve(&run)?;
-        let (answer_accuracy, numeral_accuracy) = evaluate(&run.join("student"), &held_out)?;
-        curves.push((method.to_string(), curve));
-        results.push(MethodResult {
-            method: method.into(),
-            answer_accuracy,
-            numeral_accuracy,
-            final_loss,
-        });
-    }
+    let (final_loss, _) = ce_curve(&teacher_run)?;
+    let (answer_accuracy, numeral_accuracy) = evaluate(&teacher, &held_out)?;
+    let teacher_result = MethodResult {
+        method: "teacher".into(),
+        answer_accuracy,
+        numeral_accuracy,
+        final_loss,
+    };
+    let (results, curves) = students(&args, (&student_init, &teacher, &data), &held_out)?;
     let seconds = start.elapsed().as_secs_f64();
+    report(
+        &args,
+        &table(&teacher_result, &results),
+        &results,
+        &curves,
+        seconds,
+    )
+}
 
-    let mut table = String::from(
-        "| method | answer accuracy | numeral-token accuracy | final training CE |\n|---|---:|---:|---:|\n",
-    );
-    table.push_str(&format!(
-        "| teacher (digit-splitting tokenizer, CE) | {:.1} % | {:.1} % | {teacher_final:.3} |\n",
-        100.0 * teacher_answers,
-        100.0 * teacher_numerals
-    ));
-    for r in &results {
-        table.push_str(&format!(
-            "| student, {} | {:.1} % | {:.1} % | {:.3} |\n",
-            r.method,
-            100.0 * r.answer_accuracy,
-            100.0 * r.numeral_accuracy,
-            r.final_loss
-        ));
-    }
+/// Writes `results.md` and `loss.svg`, and prints the table (or the JSON).
+fn report(
+    args: &DemoArgs,
+    table: &str,
+    results: &[MethodResult],
+    curves: &[Curve],
+    seconds: f64,
+) -> Result<()> {
+    let out = &args.out;
     let report = format!(
         "# xtoken demo\n\n{} training problems, {} held out; teacher {} steps, each student {} steps from the same initial weights on the same batches; seed {}; {:.0} s.\n\n{table}\nNumeral-token accuracy: teacher-forced next-token accuracy on the numeral tokens of the answers (1–3 digits per token for the students, one digit for the teacher). Answer accuracy: greedy decoding after \"A:\".\n",
         args.problems, args.held_out, args.teacher_steps, args.student_steps, args.seed, seconds
@@ -468,7 +556,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         line_chart(
             "xtoken demo: students' training cross-entropy",
             "step",
-            &curves,
+            curves,
         ),
     )?;
     if args.json {

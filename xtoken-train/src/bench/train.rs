@@ -1,18 +1,23 @@
 //! `xtoken bench train`: the whole training step of `xtoken train` (data loader, teacher
 //! forward with top-K, student forward + backward with activation checkpointing, the fused
 //! distillation and CE losses, clipping, AdamW) on random models with the real tokenizers'
-//! vocabularies, timed per step, with the peak memory.
+//! vocabularies, timed per step, with the peak memory: the device pools where the backend
+//! reports them, else the host heap's growth after the first (warm-up) step.
 
 use std::path::PathBuf;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use burn::backend::NdArray;
 use burn::tensor::DType;
 use clap::{Args, ValueEnum};
+use xtoken_kernels::memory::DeviceMemory;
 use xtoken_models::{Architecture, SaveDtype, Transformer};
+use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
+use xtoken_train::parallel::Worker;
+use xtoken_train::{Run, RunConfig, RunOptions};
 
-use crate::config::RunConfig;
-use crate::train::{run_config, TrainArgs};
+use super::alloc;
 
 /// A model body (the vocabulary comes from the tokenizer).
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -223,18 +228,10 @@ top_k = {top_k}
         top_k = args.top_k,
     );
     let config = RunConfig::parse(&text)?;
-    let train_args = TrainArgs {
-        config: work.join("bench.toml"),
-        resume: false,
-        device: None,
-        stop_after: None,
-        workers: Default::default(),
-        bench: true,
-    };
-    let summary = run_config(config, &train_args)?;
-    let timed = &summary.step_seconds[1..];
-    let tokens: u64 = summary.step_tokens[1..].iter().sum();
-    let seconds: f64 = timed.iter().sum();
+    let kind = config.device.parse()?;
+    let timed = on_backend(kind, &[], Steps { config })?;
+    let tokens: u64 = timed.tokens.iter().sum();
+    let seconds: f64 = timed.seconds.iter().sum();
     println!(
         "| device | student | teacher | loss | micro-batch × context | top-K | s/step | student tokens/s | peak memory |"
     );
@@ -254,12 +251,57 @@ top_k = {top_k}
         args.micro_batch,
         args.context,
         args.top_k,
-        seconds / timed.len().max(1) as f64,
+        seconds / timed.seconds.len().max(1) as f64,
         tokens as f64 / seconds.max(1e-9),
-        summary.peak_bytes as f64 / (1u64 << 30) as f64
+        timed.peak_bytes as f64 / (1u64 << 30) as f64
     );
     if args.work_dir.is_none() {
         std::fs::remove_dir_all(&work).ok();
     }
     Ok(())
+}
+
+/// The timed steps of a run (the warm-up step left out).
+struct Timed {
+    seconds: Vec<f64>,
+    tokens: Vec<u64>,
+    peak_bytes: u64,
+}
+
+/// A run's steps on the backend its configuration names, one warm-up step first; no
+/// checkpoints and no exported student.
+struct Steps {
+    config: RunConfig,
+}
+
+impl OnBackend for Steps {
+    type Output = Timed;
+
+    fn run<B: TrainBackend + DeviceMemory>(
+        self,
+        mut devices: Vec<B::Device>,
+    ) -> xtoken_train::Result<Timed> {
+        let device = devices.remove(0);
+        let options = RunOptions::default();
+        let mut run = Run::<B>::open(self.config, &options, device.clone(), Worker::alone())?;
+        run.step()?;
+        let heap_base = alloc::current();
+        alloc::reset_peak();
+        let mut timed = Timed {
+            seconds: Vec::new(),
+            tokens: Vec::new(),
+            peak_bytes: 0,
+        };
+        while !run.done() {
+            let (start, before) = (Instant::now(), run.state().tokens);
+            run.step()?;
+            timed.seconds.push(start.elapsed().as_secs_f64());
+            timed.tokens.push(run.state().tokens - before);
+        }
+        timed.peak_bytes = match B::reserved_bytes(&device) {
+            Some(bytes) => bytes,
+            None => alloc::peak().saturating_sub(heap_base) as u64,
+        };
+        Ok(timed)
+    }
 }

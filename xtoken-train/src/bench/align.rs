@@ -1,95 +1,16 @@
-//! `xtoken bench …`: wall-time benchmarks that print Markdown tables for BENCHMARKS.md.
+//! `xtoken bench align`: alignment speed per kind of text, the DP alone on one thread and
+//! `xtoken align --input … --out …` end to end on all threads.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
-use xtoken_core::projection::SparseProjection;
+use xtoken_train::config::DataFormat;
+use xtoken_train::data::{align_file, FileJob, Pipeline};
 
-use crate::{PairArgs, ParamArgs};
-
-/// Arguments of `xtoken bench projection`.
-#[derive(Args)]
-pub struct ProjectionBenchArgs {
-    #[command(flatten)]
-    pair: PairArgs,
-    #[command(flatten)]
-    params: ParamArgs,
-    /// Timed runs (after one warm-up run that fills the page cache).
-    #[arg(long, default_value_t = 5)]
-    runs: usize,
-    /// Where the runs write W (overwritten each run).
-    #[arg(long, default_value = "target/bench-projection.safetensors")]
-    out: PathBuf,
-}
-
-struct Stages {
-    load: Duration,
-    build: Duration,
-    save: Duration,
-}
-
-fn one_run(args: &ProjectionBenchArgs) -> Result<Stages> {
-    let start = Instant::now();
-    let (student, teacher) = args.pair.load()?;
-    let load = start.elapsed();
-    let (w, _) = SparseProjection::build(&student, &teacher, args.params.params())?;
-    let build = start.elapsed() - load;
-    w.save(&args.out)?;
-    let save = start.elapsed() - load - build;
-    Ok(Stages { load, build, save })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-/// Times load + build + save of W and prints min / median / max per stage.
-pub fn projection(args: ProjectionBenchArgs) -> Result<()> {
-    if args.runs == 0 {
-        anyhow::bail!("--runs must be at least 1");
-    }
-    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    one_run(&args)?;
-    let mut runs = Vec::with_capacity(args.runs);
-    for i in 0..args.runs {
-        eprint!("\rrun {}/{}", i + 1, args.runs);
-        runs.push(one_run(&args)?);
-    }
-    eprintln!();
-    let secs = |f: fn(&Stages) -> Duration| -> Vec<f64> {
-        runs.iter().map(|r| f(r).as_secs_f64()).collect()
-    };
-    let stages: [(&str, Vec<f64>); 4] = [
-        ("load both tokenizers (parallel)", secs(|r| r.load)),
-        ("build W (exact + multi-token + top-K)", secs(|r| r.build)),
-        ("save safetensors", secs(|r| r.save)),
-        ("**total**", secs(|r| r.load + r.build + r.save)),
-    ];
-    println!(
-        "xtoken projection build: {} → {} ({} runs, {} threads)\n",
-        args.pair.student.display(),
-        args.pair.teacher.display(),
-        args.runs,
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    );
-    println!("| stage | min (s) | median (s) | max (s) |\n|---|---:|---:|---:|");
-    for (name, v) in stages {
-        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = v.iter().copied().fold(0.0, f64::max);
-        println!("| {name} | {min:.3} | {:.3} | {max:.3} |", median(v));
-    }
-    Ok(())
-}
+use super::median;
+use crate::cli::align::AlignParamArgs;
 
 /// Arguments of `xtoken bench align`.
 #[derive(Args)]
@@ -116,13 +37,12 @@ pub struct AlignBenchArgs {
     #[arg(long, default_value = "target/bench-align")]
     work_dir: PathBuf,
     #[command(flatten)]
-    params: crate::align::AlignParamArgs,
+    params: AlignParamArgs,
 }
 
 /// Times the DP alone (one thread) and `xtoken align --input … --out …` end to end (all
 /// threads) per kind of text, and prints a Markdown table.
-pub fn align(args: AlignBenchArgs) -> Result<()> {
-    use crate::align::{align_file, FileJob, Pipeline};
+pub fn run(args: AlignBenchArgs) -> Result<()> {
     use xtoken_core::align::{AlignParams, Aligner, Workspace};
 
     if args.runs == 0 {
@@ -180,30 +100,7 @@ pub fn align(args: AlignBenchArgs) -> Result<()> {
             }
             dp.push(student_tokens as f64 / start.elapsed().as_secs_f64());
         }
-        // End to end: the same code path as `xtoken align --input … --out …`.
-        let input = args.work_dir.join(format!("{}.jsonl", corpus.kind));
-        let out = args.work_dir.join(format!("{}.xtalign", corpus.kind));
-        let mut jsonl = String::new();
-        for d in &docs {
-            jsonl.push_str(&serde_json::json!({ "text": d }).to_string());
-            jsonl.push('\n');
-        }
-        std::fs::write(&input, jsonl)?;
-        let mut e2e = Vec::new();
-        for _ in 0..args.runs {
-            let job = FileJob {
-                input: &input,
-                format: crate::config::DataFormat::Jsonl,
-                out: Some(&out),
-                json: false,
-                text_field: "text",
-                threads,
-                params,
-                progress: false,
-            };
-            let stats = align_file(&pipeline, &job)?;
-            e2e.push(stats.student_tokens as f64 / stats.seconds);
-        }
+        let e2e = end_to_end(&pipeline, &args, threads, corpus.kind, &docs)?;
         let pct = |n: usize| 100.0 * n as f64 / student_tokens.max(1) as f64;
         println!(
             "| {} | {} | {} | {} | {:.0} | {:.2} M | {:.0} k | {:.2} % | {:.2} % | {} |",
@@ -222,11 +119,45 @@ pub fn align(args: AlignBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// Student tokens/s of each run of `xtoken align --input … --out …` (the same code path) on
+/// `docs`, written as JSON lines under the work directory.
+fn end_to_end(
+    pipeline: &Pipeline,
+    args: &AlignBenchArgs,
+    threads: usize,
+    kind: &str,
+    docs: &[&str],
+) -> Result<Vec<f64>> {
+    let input = args.work_dir.join(format!("{kind}.jsonl"));
+    let out = args.work_dir.join(format!("{kind}.xtalign"));
+    let mut jsonl = String::new();
+    for d in docs {
+        jsonl.push_str(&serde_json::json!({ "text": d }).to_string());
+        jsonl.push('\n');
+    }
+    std::fs::write(&input, jsonl)?;
+    let mut e2e = Vec::new();
+    for _ in 0..args.runs {
+        let job = FileJob {
+            input: &input,
+            format: DataFormat::Jsonl,
+            out: Some(&out),
+            text_field: "text",
+            threads,
+            params: args.params.params(),
+            progress: false,
+        };
+        let stats = align_file(pipeline, &job, None)?;
+        e2e.push(stats.student_tokens as f64 / stats.seconds);
+    }
+    Ok(e2e)
+}
+
 /// Local text of several kinds, found on the machine or generated (seeded) where none is.
 mod corpora {
     use std::path::{Path, PathBuf};
 
-    use crate::rng::SplitMix64;
+    use xtoken_train::rng::SplitMix64;
 
     /// One kind of text.
     pub struct Corpus {
@@ -411,8 +342,8 @@ mod corpora {
                 ),
                 3 => format!(
                     "{:.6e} {:.3} {}%\n",
-                    rng.next() as f64 / 1e15,
-                    rng.next() as f64 / 1e17,
+                    rng.next_u64() as f64 / 1e15,
+                    rng.next_u64() as f64 / 1e17,
                     rng.below(100)
                 ),
                 4 => format!(
@@ -421,7 +352,7 @@ mod corpora {
                     rng.below(100_000),
                     rng.below(1_000_000_000)
                 ),
-                _ => format!("0x{:08X} {}\n", rng.next() as u32, rng.below(256)),
+                _ => format!("0x{:08X} {}\n", rng.next_u64() as u32, rng.below(256)),
             };
             text.push_str(&line);
         }

@@ -11,11 +11,12 @@ use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Distribution, IndexingUpdateOp, Int, Tensor, TensorData};
 use clap::Args;
 use xtoken_core::common::CommonSet;
-use xtoken_core::loss::{gold::CommonTables, hkl, pkl, LossParams, TeacherTargets, TopK};
+use xtoken_core::common::CommonTables;
+use xtoken_core::loss::{hkl, pkl, LossParams, TeacherTargets, TopK};
 use xtoken_core::plan::{BatchPlan, ChunkPlan, MergeVariant, PlanItem};
 use xtoken_core::projection::SparseProjection;
 
-use crate::alloc;
+use super::alloc;
 
 type A = Autodiff<NdArray>;
 

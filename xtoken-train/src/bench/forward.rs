@@ -17,8 +17,8 @@ use xtoken_kernels::memory::DeviceMemory;
 use xtoken_models::rope::RopeScaling;
 use xtoken_models::{Architecture, CausalLm, ModelError, Transformer};
 
-use crate::alloc;
-use crate::models::DtypeArg;
+use super::alloc;
+use crate::cli::models::DtypeArg;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Preset {

@@ -1,5 +1,6 @@
 //! `xtoken bench kernels`: one teacher's P-KL forward and backward (gradients to the student
-//! logits and to W's values), its H-KL forward and backward, and its top-K extraction, through `XTokenBackend::xt_loss` on a GPU backend: the cubecl
+//! logits and to W's values), its H-KL forward and backward, and its top-K extraction, through
+//! `XTokenBackend::xt_distill` and `xt_teacher_entries` on a GPU backend: the cubecl
 //! kernels, or (`--path portable`) the portable host path for comparison. The time is set
 //! against the HBM floor: the bytes the evaluation must move at least once, over the copy
 //! bandwidth measured in the same run.
@@ -13,11 +14,11 @@ use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
 use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_kernels::{
-    host, CommonPairs, GradRequest, LossSpec, MergePlan, Objective, ProjectionTensors,
-    TeacherEntries, TeacherSpec, XTokenBackend,
+    host, CommonPairs, DistillSpec, EntriesSpec, GradRequest, LossKind, MergePlan,
+    ProjectionTensors, TeacherEntries, XTokenBackend,
 };
 
-use crate::models::DtypeArg;
+use crate::cli::models::DtypeArg;
 
 /// Options of `xtoken bench kernels`.
 #[derive(Args)]
@@ -94,24 +95,31 @@ pub fn run(args: KernelBenchArgs) -> Result<()> {
 
 struct Inputs<B: Backend> {
     teacher_logits: Tensor<B, 3>,
-    teacher_spec: TeacherSpec,
+    teacher_spec: EntriesSpec,
     logits: Tensor<B, 3>,
     entries: TeacherEntries<B>,
     projection: ProjectionTensors<B>,
-    spec: LossSpec,
-    hybrid_spec: LossSpec,
+    spec: DistillSpec,
+    hybrid_spec: DistillSpec,
+}
+
+impl KernelBenchArgs {
+    /// Rows, student and teacher vocabularies, teacher entries and W slots.
+    fn sizes(&self) -> (usize, usize, usize, usize, usize) {
+        (
+            self.rows,
+            self.student_vocab,
+            self.teacher_vocab,
+            self.top_k,
+            self.slots,
+        )
+    }
 }
 
 /// Random logits, teacher entries (K distinct ids per row, spread over the vocabulary) and W
 /// (1..=slots ids per student token), all built on the device or uploaded once.
 fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Result<Inputs<B>> {
-    let (n, vs, vt, k, kw) = (
-        args.rows,
-        args.student_vocab,
-        args.teacher_vocab,
-        args.top_k,
-        args.slots,
-    );
+    let (n, vs, vt, k, kw) = args.sizes();
     let logits = Tensor::<B, 3>::random([1, n, vs], Distribution::Normal(0.0, 2.0), device)
         .cast(args.dtype.dtype());
     let teacher_logits = Tensor::<B, 3>::random([1, n, vt], Distribution::Normal(0.0, 2.0), device)
@@ -133,61 +141,34 @@ fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Resul
         vocab: vt,
         confidence: None,
     };
-    let mut indices = vec![-1i32; vs * kw];
-    let mut weights = vec![0.0f32; vs * kw];
-    for s in 0..vs {
-        let used = 1 + s % kw;
-        for j in 0..used {
-            indices[s * kw + j] = ((s * 104_729 + j * 7_368_787) % vt) as i32;
-            weights[s * kw + j] = 1.0 / used as f32;
-        }
-    }
-    let projection = ProjectionTensors {
-        indices: Tensor::<B, 2, Int>::from_data(TensorData::new(indices, [vs, kw]), device)
-            .into_primitive(),
-        weights: Tensor::<B, 2>::from_data(TensorData::new(weights, [vs, kw]), device)
-            .into_primitive()
-            .tensor(),
-    };
+    let projection = projection::<B>(vs, vt, kw, device);
     let merge = MergePlan {
         rows: n,
         predict_row: (0..n as u32).map(Some).collect(),
         continuation: Vec::new(),
     };
-    let teacher_spec = TeacherSpec {
+    let teacher_spec = EntriesSpec {
         merge: merge.clone(),
         top_k: k,
         tau: 1.0,
         row_chunk: args.row_chunk,
         next_token: None,
     };
-    // H-KL's common set: about 70 % of the student vocabulary, 1-to-1.
-    let pairs: Vec<(u32, u32)> = (0..vs as u32)
-        .filter(|&s| (s as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60 < 11)
-        .enumerate()
-        .map(|(i, s)| (s, ((i * 7_368_787) % vt) as u32))
-        .collect();
-    let mut seen = vec![false; vt];
-    let pairs: Vec<(u32, u32)> = pairs
-        .into_iter()
-        .filter(|&(_, t)| !std::mem::replace(&mut seen[t as usize], true))
-        .collect();
-    let common = CommonPairs::new(&pairs, vs, vt).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let hybrid_spec = LossSpec {
-        objective: Objective::Hybrid {
-            common: Arc::new(common),
-            lambda_kl: 1.0,
-            lambda_uld: 1.0,
-        },
-        merge: merge.clone(),
-        tau: 1.0,
-        row_chunk: args.row_chunk,
-    };
-    let spec = LossSpec {
-        objective: Objective::Projected { eps: 1e-10 },
+    let common = common_pairs(vs, vt)?;
+    let spec = DistillSpec {
+        loss: LossKind::Pkl,
         merge,
         tau: 1.0,
         row_chunk: args.row_chunk,
+        common: None,
+        lambda_kl: 1.0,
+        lambda_uld: 1.0,
+        eps: 1e-10,
+    };
+    let hybrid_spec = DistillSpec {
+        loss: LossKind::Hkl,
+        common: Some(Arc::new(common)),
+        ..spec.clone()
     };
     Ok(Inputs {
         teacher_logits,
@@ -198,6 +179,46 @@ fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Resul
         spec,
         hybrid_spec,
     })
+}
+
+/// W with 1..=`kw` teacher ids per student token, spread over the teacher vocabulary.
+fn projection<B: Backend>(
+    vs: usize,
+    vt: usize,
+    kw: usize,
+    device: &B::Device,
+) -> ProjectionTensors<B> {
+    let mut indices = vec![-1i32; vs * kw];
+    let mut weights = vec![0.0f32; vs * kw];
+    for s in 0..vs {
+        let used = 1 + s % kw;
+        for j in 0..used {
+            indices[s * kw + j] = ((s * 104_729 + j * 7_368_787) % vt) as i32;
+            weights[s * kw + j] = 1.0 / used as f32;
+        }
+    }
+    ProjectionTensors {
+        indices: Tensor::<B, 2, Int>::from_data(TensorData::new(indices, [vs, kw]), device)
+            .into_primitive(),
+        weights: Tensor::<B, 2>::from_data(TensorData::new(weights, [vs, kw]), device)
+            .into_primitive()
+            .tensor(),
+    }
+}
+
+/// H-KL's common set: about 70 % of the student vocabulary, 1-to-1.
+fn common_pairs(vs: usize, vt: usize) -> Result<CommonPairs> {
+    let pairs: Vec<(u32, u32)> = (0..vs as u32)
+        .filter(|&s| (s as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60 < 11)
+        .enumerate()
+        .map(|(i, s)| (s, ((i * 7_368_787) % vt) as u32))
+        .collect();
+    let mut seen = vec![false; vt];
+    let pairs: Vec<(u32, u32)> = pairs
+        .into_iter()
+        .filter(|&(_, t)| !std::mem::replace(&mut seen[t as usize], true))
+        .collect();
+    Ok(CommonPairs::new(&pairs, vs, vt)?)
 }
 
 /// What one timed run evaluates.
@@ -227,11 +248,11 @@ fn evaluate<B: XTokenBackend>(
         Op::Loss => {
             let logits = inputs.logits.clone().into_primitive().tensor();
             let projection = Some(inputs.projection.clone());
-            let entries = Some(inputs.entries.clone());
+            let entries = inputs.entries.clone();
             let out = match path {
-                PathArg::Kernels => B::xt_loss(logits, projection, entries, &inputs.spec, want)?,
+                PathArg::Kernels => B::xt_distill(logits, entries, projection, &inputs.spec, want)?,
                 PathArg::Portable => {
-                    host::loss::<B>(logits, projection, entries, &inputs.spec, want)?
+                    host::distill::<B>(logits, entries, projection, &inputs.spec, want)?
                 }
             };
             B::sync(device)?;
@@ -239,15 +260,15 @@ fn evaluate<B: XTokenBackend>(
         }
         Op::Hybrid => {
             let logits = inputs.logits.clone().into_primitive().tensor();
-            let entries = Some(inputs.entries.clone());
+            let entries = inputs.entries.clone();
             let spec = &inputs.hybrid_spec;
             let want = GradRequest {
                 logits: true,
                 weights: false,
             };
             let out = match path {
-                PathArg::Kernels => B::xt_loss(logits, None, entries, spec, want)?,
-                PathArg::Portable => host::loss::<B>(logits, None, entries, spec, want)?,
+                PathArg::Kernels => B::xt_distill(logits, entries, None, spec, want)?,
+                PathArg::Portable => host::distill::<B>(logits, entries, None, spec, want)?,
             };
             B::sync(device)?;
             drop(out);
@@ -283,13 +304,7 @@ fn copy_bandwidth<B: Backend>(elements: usize, device: &B::Device) -> Result<f64
 
 fn run_on<B: XTokenBackend + DeviceMemory>(args: &KernelBenchArgs, place: &str) -> Result<()> {
     let device = B::Device::default();
-    let (n, vs, vt, k, kw) = (
-        args.rows,
-        args.student_vocab,
-        args.teacher_vocab,
-        args.top_k,
-        args.slots,
-    );
+    let (n, vs, vt, k, kw) = args.sizes();
     eprintln!("measuring the copy bandwidth");
     let bandwidth = copy_bandwidth::<B>(n * vs, &device)?;
     eprintln!("building inputs: {n} rows, V_S = {vs}, V_T = {vt}, K = {k}");
@@ -306,7 +321,7 @@ fn run_on<B: XTokenBackend + DeviceMemory>(args: &KernelBenchArgs, place: &str) 
          {}, {} logits; copy bandwidth {:.0} GB/s. Floor = bytes that must move once over that \
          bandwidth.\n",
         match args.path {
-            PathArg::Kernels => "`xt_loss` / `xt_teacher_entries`",
+            PathArg::Kernels => "`xt_distill` / `xt_teacher_entries`",
             PathArg::Portable => "portable `host::`",
         },
         args.row_chunk,

@@ -1,0 +1,168 @@
+//! GOLD, H-KL and ULD on the device: `top_k` selects the student's largest uncommon
+//! probabilities (the common ids masked), `hybrid_slots` computes the common KL and the sorted
+//! L1 per compared slot, then the predicting rows' dense gradient and `hybrid_grad_sparse`.
+
+use burn::tensor::DType;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+
+use super::distill::{Evaluation, GradMode};
+use super::kernels::{self, BLOCK};
+use super::launch::Cube;
+use crate::error::KernelError;
+use crate::LossOutput;
+
+/// The common set's tables on the device and the student's selected uncommon entries.
+struct Common<R: CubeRuntime> {
+    student_partner: CubeTensor<R>,
+    teacher_partner: CubeTensor<R>,
+    /// Student ids without a partner.
+    uncommon: usize,
+    /// Uncommon entries selected per slot: `min(k, uncommon)`.
+    selected: usize,
+    selected_ids: CubeTensor<R>,
+    selected_logp: CubeTensor<R>,
+    lambda_kl: f32,
+    lambda_uld: f32,
+}
+
+/// GOLD, H-KL or ULD, by the common set of the spec's loss.
+pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
+    e: Evaluation<'_, R>,
+) -> Result<LossOutput<B>, KernelError> {
+    let common = select_uncommon(&e)?;
+    let (launcher, plan) = (&e.launcher, &e.plan);
+    let slots = e.spec.merge.slots();
+    let rest = launcher.zeros(slots * e.k, DType::F32);
+    let corrections = launcher.zeros(slots * common.selected, DType::F32);
+    let (count, dim) = launcher.per_item(plan.valid);
+    unsafe {
+        kernels::hybrid_slots::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            launcher.address,
+            e.z.clone().into_array_arg(),
+            e.lse.clone().into_array_arg(),
+            e.sigma.clone().into_array_arg(),
+            plan.valid_slot.clone().into_array_arg(),
+            plan.valid_row.clone().into_array_arg(),
+            e.teacher_ids.clone().into_array_arg(),
+            e.teacher_logp.clone().into_array_arg(),
+            common.teacher_partner.clone().into_array_arg(),
+            common.student_partner.clone().into_array_arg(),
+            common.selected_logp.clone().into_array_arg(),
+            rest.clone().into_array_arg(),
+            corrections.clone().into_array_arg(),
+            e.loss.clone().into_array_arg(),
+            e.dsigma.clone().into_array_arg(),
+            plan.valid,
+            e.k,
+            common.selected,
+            common.uncommon,
+            e.v,
+            e.tau_inv,
+            common.lambda_kl,
+            common.lambda_uld,
+            BLOCK,
+            e.dtype,
+        );
+    }
+    if let Some(grad) = &e.grad {
+        e.predicting_grad(
+            (0, plan.valid),
+            GradMode::Hybrid {
+                student_partner: &common.student_partner,
+                lambda_uld: common.lambda_uld,
+            },
+        );
+        sparse_grad(&e, &common, &corrections, grad);
+    }
+    e.finish::<B>(None)
+}
+
+/// Uploads the common set's tables and selects, per compared slot, the student's largest
+/// uncommon probabilities, best first.
+fn select_uncommon<R: CubeRuntime>(e: &Evaluation<'_, R>) -> Result<Common<R>, KernelError> {
+    let pairs = e.spec.hybrid_pairs(e.v, e.teacher_vocab)?;
+    let (lambda_kl, lambda_uld) = e.spec.hybrid_lambdas();
+    let (launcher, plan) = (&e.launcher, &e.plan);
+    let uncommon = pairs.student_partner.iter().filter(|&&p| p < 0).count();
+    let selected = e.k.min(uncommon);
+    let slots = e.spec.merge.slots();
+    let common = Common {
+        student_partner: launcher.ints(&pairs.student_partner),
+        teacher_partner: launcher.ints(&pairs.teacher_partner),
+        uncommon,
+        selected,
+        selected_ids: launcher.zeros(slots * selected, DType::I32),
+        selected_logp: launcher.zeros(slots * selected, DType::F32),
+        lambda_kl,
+        lambda_uld,
+    };
+    if selected == 0 {
+        return Ok(common);
+    }
+    let (count, dim) = launcher.per_item(plan.valid);
+    unsafe {
+        kernels::top_k::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            launcher.address,
+            e.z.clone().into_array_arg(),
+            e.lse.clone().into_array_arg(),
+            e.sigma.clone().into_array_arg(),
+            plan.valid_slot.clone().into_array_arg(),
+            plan.valid_row.clone().into_array_arg(),
+            common.student_partner.clone().into_array_arg(),
+            common.selected_ids.clone().into_array_arg(),
+            common.selected_logp.clone().into_array_arg(),
+            plan.valid,
+            e.v,
+            selected,
+            selected.next_power_of_two(),
+            e.tau_inv,
+            BLOCK,
+            true,
+            e.dtype,
+        );
+    }
+    Ok(common)
+}
+
+/// The sparse terms: the common KL at each partner, and the sorted L1's corrections at the
+/// selected uncommon ids.
+fn sparse_grad<R: CubeRuntime>(
+    e: &Evaluation<'_, R>,
+    common: &Common<R>,
+    corrections: &CubeTensor<R>,
+    grad: &CubeTensor<R>,
+) {
+    let (launcher, plan) = (&e.launcher, &e.plan);
+    let (count, dim) = launcher.elementwise(plan.valid * (e.k + common.selected));
+    unsafe {
+        kernels::hybrid_grad_sparse::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            launcher.address,
+            grad.clone().into_array_arg(),
+            plan.valid_slot.clone().into_array_arg(),
+            plan.valid_row.clone().into_array_arg(),
+            e.teacher_ids.clone().into_array_arg(),
+            e.teacher_logp.clone().into_array_arg(),
+            common.teacher_partner.clone().into_array_arg(),
+            common.selected_ids.clone().into_array_arg(),
+            corrections.clone().into_array_arg(),
+            plan.valid,
+            e.k,
+            common.selected,
+            e.v,
+            e.c,
+            common.lambda_kl,
+            common.lambda_uld,
+            e.dtype,
+        );
+    }
+}

@@ -1,0 +1,71 @@
+//! KL on the device: `kl_slots`, the fused log-softmax + top-K KL (one cube per compared slot),
+//! then the predicting rows' dense gradient and the sparse teacher term `kl_grad_sparse`.
+
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+
+use super::distill::{Evaluation, GradMode};
+use super::kernels::{self, BLOCK};
+use super::launch::Cube;
+use crate::error::KernelError;
+use crate::LossOutput;
+
+/// Same-tokenizer KL.
+pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
+    e: Evaluation<'_, R>,
+) -> Result<LossOutput<B>, KernelError> {
+    let (launcher, plan) = (&e.launcher, &e.plan);
+    let (count, dim) = launcher.per_item(plan.valid);
+    unsafe {
+        kernels::kl_slots::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            launcher.address,
+            e.z.clone().into_array_arg(),
+            e.lse.clone().into_array_arg(),
+            e.sigma.clone().into_array_arg(),
+            plan.valid_slot.clone().into_array_arg(),
+            plan.valid_row.clone().into_array_arg(),
+            e.teacher_ids.clone().into_array_arg(),
+            e.teacher_logp.clone().into_array_arg(),
+            e.loss.clone().into_array_arg(),
+            e.dsigma.clone().into_array_arg(),
+            plan.valid,
+            e.k,
+            e.v,
+            e.tau_inv,
+            BLOCK,
+            e.dtype,
+        );
+    }
+    if let Some(grad) = &e.grad {
+        e.predicting_grad((0, plan.valid), GradMode::Kl);
+        sparse_grad(&e, grad);
+    }
+    e.finish::<B>(None)
+}
+
+/// Adds `−c · q` at each kept teacher id of each compared slot's predicting row.
+fn sparse_grad<R: CubeRuntime>(e: &Evaluation<'_, R>, grad: &CubeTensor<R>) {
+    let (launcher, plan) = (&e.launcher, &e.plan);
+    let (count, dim) = launcher.elementwise(plan.valid * e.k);
+    unsafe {
+        kernels::kl_grad_sparse::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            launcher.address,
+            grad.clone().into_array_arg(),
+            plan.valid_slot.clone().into_array_arg(),
+            plan.valid_row.clone().into_array_arg(),
+            e.teacher_ids.clone().into_array_arg(),
+            e.teacher_logp.clone().into_array_arg(),
+            plan.valid,
+            e.k,
+            e.v,
+            e.c,
+            e.dtype,
+        );
+    }
+}

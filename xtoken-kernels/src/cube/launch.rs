@@ -1,0 +1,378 @@
+//! What every launch of an evaluation shares: the backend ops it needs, the launcher (client,
+//! device, address width, small host arrays), the merge plan laid out as arrays, the row
+//! log-sum-exps and merge shifts, the loss's final sum and the checks that read back flags.
+
+use burn::tensor::ops::{FloatTensorOps, IntTensorOps};
+use burn::tensor::{DType, FloatDType, Int, IntDType, Shape, Tensor, TensorPrimitive};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::prelude::*;
+use cubecl::{calculate_cube_count_elemwise, CubeDim};
+
+use super::kernels::{self, BLOCK};
+use crate::checks::finite_loss;
+use crate::error::KernelError;
+use crate::spec::MergePlan;
+use crate::{LossOutput, XTokenBackend};
+
+/// The backend ops the launcher needs, on any `CubeBackend` (its float and int tensors are
+/// both `CubeTensor<R>`).
+pub(super) trait Cube<R: CubeRuntime>:
+    XTokenBackend<FloatTensorPrimitive = CubeTensor<R>, IntTensorPrimitive = CubeTensor<R>>
+    + FloatTensorOps<Self>
+    + IntTensorOps<Self>
+{
+}
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Cube<R>
+    for CubeBackend<R, F, I, BT>
+{
+}
+
+/// Where the launches go, and the small host-built arrays they read.
+pub(super) struct Launcher<R: CubeRuntime> {
+    pub(super) client: ComputeClient<R>,
+    pub(super) device: R::Device,
+    /// The kernels' address width, for the largest buffer of the evaluation.
+    pub(super) address: AddressType,
+}
+
+impl<R: CubeRuntime> Launcher<R> {
+    /// For an evaluation on `t` whose buffers hold at most `largest` elements.
+    pub(super) fn of(t: &CubeTensor<R>, largest: usize) -> Self {
+        Self {
+            client: t.client.clone(),
+            device: t.device.clone(),
+            address: AddressType::from_len(largest.max(t.meta.num_elements())),
+        }
+    }
+
+    /// An i32 array on the device (one element at least, so that an empty list still binds).
+    pub(super) fn ints(&self, data: &[i32]) -> CubeTensor<R> {
+        let data: &[i32] = if data.is_empty() { &[0] } else { data };
+        let handle = self.client.create_from_slice(bytemuck::cast_slice(data));
+        CubeTensor::new_contiguous(
+            self.client.clone(),
+            self.device.clone(),
+            Shape::new([data.len()]),
+            handle,
+            DType::I32,
+        )
+    }
+
+    pub(super) fn zeros(&self, len: usize, dtype: DType) -> CubeTensor<R> {
+        zeros_client(
+            self.client.clone(),
+            self.device.clone(),
+            Shape::new([len.max(1)]),
+            dtype,
+        )
+    }
+
+    pub(super) fn empty(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
+        empty_device_contiguous_dtype(self.client.clone(), self.device.clone(), shape, dtype)
+    }
+
+    /// Launch geometry for one unit per element.
+    pub(super) fn elementwise(&self, n: usize) -> (CubeCount, CubeDim) {
+        let dim = CubeDim::new(&self.client, n.max(1));
+        (
+            calculate_cube_count_elemwise(&self.client, n.max(1), dim),
+            dim,
+        )
+    }
+
+    /// Launch geometry for one cube of [`BLOCK`] units per item.
+    pub(super) fn per_item(&self, n: usize) -> (CubeCount, CubeDim) {
+        (
+            cubecl::server::CubeCountSelection::new(&self.client, n.max(1) as u32).cube_count(),
+            CubeDim::new_1d(BLOCK as u32),
+        )
+    }
+}
+
+pub(super) fn float_dtype(t: &CubeTensor<impl CubeRuntime>) -> StorageType {
+    t.dtype.into()
+}
+
+/// The tensor as contiguous f32 (a no-op when it already is).
+pub(super) fn as_f32<B: Cube<R>, R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let t = if t.dtype == DType::F32 {
+        t
+    } else {
+        B::float_cast(t, FloatDType::F32)
+    };
+    into_contiguous(t)
+}
+
+/// The tensor as contiguous i32.
+pub(super) fn as_i32<B: Cube<R>, R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let t = if t.dtype == DType::I32 {
+        t
+    } else {
+        B::int_cast(t, IntDType::I32)
+    };
+    into_contiguous(t)
+}
+
+pub(super) fn read_f32<B: Cube<R>, R: CubeRuntime>(
+    t: CubeTensor<R>,
+) -> Result<Vec<f32>, KernelError> {
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t))
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| KernelError::Read {
+            what: "loss",
+            message: format!("{e:?}"),
+        })
+}
+
+pub(super) fn read_i64<B: Cube<R>, R: CubeRuntime>(
+    t: CubeTensor<R>,
+    what: &'static str,
+) -> Result<Vec<i64>, KernelError> {
+    Tensor::<B, 1, Int>::from_primitive(t)
+        .into_data()
+        .convert::<i64>()
+        .into_vec::<i64>()
+        .map_err(|e| KernelError::Read {
+            what,
+            message: format!("{e:?}"),
+        })
+}
+
+/// `[min, max]` of an int tensor, read back as two numbers (not the tensor).
+pub(super) fn int_range<B: Cube<R>, R: CubeRuntime>(
+    t: &CubeTensor<R>,
+    what: &'static str,
+) -> Result<(i64, i64), KernelError> {
+    let flat = B::int_reshape(t.clone(), Shape::new([t.meta.num_elements()]));
+    let both = B::int_cat(vec![B::int_min(flat.clone()), B::int_max(flat)], 0);
+    let range = read_i64::<B, R>(both, what)?;
+    Ok((range[0], range[1]))
+}
+
+pub(super) fn shape_of(t: &CubeTensor<impl CubeRuntime>) -> Vec<usize> {
+    t.meta.shape().to_vec()
+}
+
+/// `[B, T, V]` of a logits tensor.
+pub(super) fn logits_shape(
+    z: &CubeTensor<impl CubeRuntime>,
+    what: &'static str,
+) -> Result<[usize; 3], KernelError> {
+    let shape = shape_of(z);
+    match shape.as_slice() {
+        &[b, t, v] => Ok([b, t, v]),
+        _ => Err(KernelError::Shape {
+            what,
+            expected: "[B, T, V]".into(),
+            found: format!("{shape:?}"),
+        }),
+    }
+}
+
+/// The merge plan as CSR arrays: continuation terms by slot (for `σ`) and by row (for their
+/// gradient), the compared slots, and the rows nothing reads.
+pub(super) struct PlanArrays<R: CubeRuntime> {
+    pub(super) slot_start: CubeTensor<R>,
+    pub(super) term_row: CubeTensor<R>,
+    pub(super) term_token: CubeTensor<R>,
+    pub(super) valid_slot: CubeTensor<R>,
+    pub(super) valid_row: CubeTensor<R>,
+    pub(super) valid: usize,
+    pub(super) continuation_rows: CubeTensor<R>,
+    pub(super) row_start: CubeTensor<R>,
+    pub(super) row_token: CubeTensor<R>,
+    pub(super) row_slot: CubeTensor<R>,
+    pub(super) continuation_count: usize,
+    pub(super) idle_rows: CubeTensor<R>,
+    pub(super) idle_count: usize,
+}
+
+impl<R: CubeRuntime> PlanArrays<R> {
+    pub(super) fn new(merge: &MergePlan, launcher: &Launcher<R>) -> Self {
+        let slots = merge.slots();
+        let mut by_slot = merge.continuation.clone();
+        by_slot.sort_unstable_by_key(|&(row, token, slot)| (slot, row, token));
+        let mut slot_start = vec![0i32; slots + 1];
+        for &(_, _, slot) in &by_slot {
+            slot_start[slot as usize + 1] += 1;
+        }
+        for s in 0..slots {
+            slot_start[s + 1] += slot_start[s];
+        }
+        let term_row: Vec<i32> = by_slot.iter().map(|t| t.0 as i32).collect();
+        let term_token: Vec<i32> = by_slot.iter().map(|t| t.1 as i32).collect();
+
+        let mut by_row = merge.continuation.clone();
+        by_row.sort_unstable();
+        let mut continuation_rows: Vec<i32> = Vec::new();
+        let mut row_start = vec![0i32];
+        for &(row, _, _) in &by_row {
+            if continuation_rows.last() != Some(&(row as i32)) {
+                continuation_rows.push(row as i32);
+                row_start.push(*row_start.last().unwrap_or(&0));
+            }
+            if let Some(end) = row_start.last_mut() {
+                *end += 1;
+            }
+        }
+        let row_token: Vec<i32> = by_row.iter().map(|t| t.1 as i32).collect();
+        let row_slot: Vec<i32> = by_row.iter().map(|t| t.2 as i32).collect();
+
+        let (valid_slot, valid_row): (Vec<i32>, Vec<i32>) = merge
+            .predicting()
+            .map(|(slot, row)| (slot as i32, row as i32))
+            .unzip();
+        let mut read = vec![false; merge.rows];
+        for &row in &valid_row {
+            read[row as usize] = true;
+        }
+        let idle_rows: Vec<i32> = (0..merge.rows as i32)
+            .filter(|&r| !read[r as usize])
+            .collect();
+        Self {
+            slot_start: launcher.ints(&slot_start),
+            term_row: launcher.ints(&term_row),
+            term_token: launcher.ints(&term_token),
+            valid: valid_slot.len(),
+            valid_slot: launcher.ints(&valid_slot),
+            valid_row: launcher.ints(&valid_row),
+            continuation_count: continuation_rows.len(),
+            continuation_rows: launcher.ints(&continuation_rows),
+            row_start: launcher.ints(&row_start),
+            row_token: launcher.ints(&row_token),
+            row_slot: launcher.ints(&row_slot),
+            idle_count: idle_rows.len(),
+            idle_rows: launcher.ints(&idle_rows),
+        }
+    }
+}
+
+/// Row log-sum-exps of `[rows, v]` logits, tempered by `t`, with each row's non-finite flag.
+pub(super) struct RowLse<R: CubeRuntime> {
+    pub(super) lse: CubeTensor<R>,
+    pub(super) bad: CubeTensor<R>,
+}
+
+pub(super) fn row_lse<R: CubeRuntime>(
+    launcher: &Launcher<R>,
+    z: &CubeTensor<R>,
+    rows: usize,
+    v: usize,
+    t: f32,
+) -> RowLse<R> {
+    let lse = launcher.zeros(rows, DType::F32);
+    let bad = launcher.zeros(rows, DType::U32);
+    let (count, dim) = launcher.per_item(rows);
+    unsafe {
+        kernels::row_lse::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            launcher.address,
+            z.clone().into_array_arg(),
+            lse.clone().into_array_arg(),
+            bad.clone().into_array_arg(),
+            rows,
+            v,
+            t,
+            BLOCK,
+            float_dtype(z),
+        );
+    }
+    RowLse { lse, bad }
+}
+
+/// The loss value as a `[1]` tensor of the logits' dtype: `scale · Σ terms`.
+pub(super) fn scaled_sum<R: CubeRuntime>(
+    launcher: &Launcher<R>,
+    terms: &CubeTensor<R>,
+    n: usize,
+    scale: f32,
+    dtype: DType,
+) -> CubeTensor<R> {
+    let value = launcher.zeros(1, dtype);
+    unsafe {
+        kernels::scaled_sum::launch_unchecked::<R>(
+            &launcher.client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(BLOCK as u32),
+            launcher.address,
+            terms.clone().into_array_arg(),
+            value.clone().into_array_arg(),
+            n,
+            scale,
+            BLOCK,
+            dtype.into(),
+        );
+    }
+    value
+}
+
+/// Reads the rows' flags (one small read): a row that holds NaN, +∞ or only −∞ among those
+/// listed is an error naming it.
+pub(super) fn check_rows<B: Cube<R>, R: CubeRuntime>(
+    bad: CubeTensor<R>,
+    rows: impl Iterator<Item = u32>,
+    side: &'static str,
+) -> Result<(), KernelError> {
+    let flags = read_i64::<B, R>(bad, "row flags")?;
+    for row in rows {
+        if flags.get(row as usize).is_some_and(|&f| f != 0) {
+            return Err(KernelError::NonFinite {
+                side,
+                row: row as usize,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the rows the loss read, then that the loss is finite (two small reads).
+pub(super) fn finish<B: Cube<R>, R: CubeRuntime>(
+    output: LossOutput<B>,
+    bad: CubeTensor<R>,
+    rows: impl Iterator<Item = u32>,
+    loss: &'static str,
+) -> Result<LossOutput<B>, KernelError> {
+    check_rows::<B, R>(bad, rows, "student")?;
+    let value = read_f32::<B, R>(output.value.clone())?[0];
+    finite_loss(value as f64, loss)?;
+    Ok(output)
+}
+
+/// The chunk merge: `σ` per slot.
+pub(super) fn merge_shifts<R: CubeRuntime>(
+    launcher: &Launcher<R>,
+    z: &CubeTensor<R>,
+    lse: &CubeTensor<R>,
+    plan: &PlanArrays<R>,
+    (slots, v, tau_inv): (usize, usize, f32),
+) -> CubeTensor<R> {
+    let sigma = launcher.zeros(slots, DType::F32);
+    let (count, dim) = launcher.elementwise(slots);
+    unsafe {
+        kernels::merge_shift::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            launcher.address,
+            z.clone().into_array_arg(),
+            lse.clone().into_array_arg(),
+            plan.slot_start.clone().into_array_arg(),
+            plan.term_row.clone().into_array_arg(),
+            plan.term_token.clone().into_array_arg(),
+            sigma.clone().into_array_arg(),
+            slots,
+            v,
+            tau_inv,
+            float_dtype(z),
+        );
+    }
+    sigma
+}

@@ -1,0 +1,104 @@
+//! The backends a run trains on, and the dispatch from a device name to one of them: `cpu`
+//! (burn's ndarray), `cuda` and `wgpu` (burn's `CubeBackend`, with the cubecl kernels; cargo
+//! features `cuda` and `wgpu`).
+
+use std::str::FromStr;
+
+use burn::tensor::backend::AutodiffBackend;
+use xtoken_core::loss::XTokenBackend;
+use xtoken_kernels::memory::DeviceMemory;
+
+use crate::error::{Error, Result};
+
+/// What training needs of a backend: autodiff for the student, and the X-Token kernels both
+/// there and on the inner backend the teachers run on.
+pub trait TrainBackend: AutodiffBackend<InnerBackend: XTokenBackend> + XTokenBackend {}
+
+impl<B> TrainBackend for B
+where
+    B: AutodiffBackend + XTokenBackend,
+    B::InnerBackend: XTokenBackend,
+{
+}
+
+/// A device family by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// burn's ndarray on the CPU.
+    Cpu,
+    /// burn's CUDA backend (cargo feature `cuda`).
+    Cuda,
+    /// burn's wgpu backend (cargo feature `wgpu`).
+    Wgpu,
+}
+
+impl FromStr for DeviceKind {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self> {
+        match name {
+            "cpu" => Ok(DeviceKind::Cpu),
+            "cuda" => Ok(DeviceKind::Cuda),
+            "wgpu" => Ok(DeviceKind::Wgpu),
+            other => Err(Error::Config(format!(
+                "device = {other:?}: expected \"cpu\", \"cuda\" or \"wgpu\""
+            ))),
+        }
+    }
+}
+
+/// Work generic over the training backend, which [`on_backend`] picks by name.
+pub trait OnBackend {
+    /// What the work returns.
+    type Output;
+    /// Runs on backend `B` with one device per data-parallel worker (at least one).
+    fn run<B: TrainBackend + DeviceMemory>(self, devices: Vec<B::Device>) -> Result<Self::Output>;
+}
+
+/// Runs `work` on the backend of `kind`, with the devices `indices` names (none: the default
+/// device). A backend this build lacks is an error naming the cargo feature.
+pub fn on_backend<W: OnBackend>(kind: DeviceKind, indices: &[usize], work: W) -> Result<W::Output> {
+    let one_each = |n: usize| n.max(1);
+    match kind {
+        DeviceKind::Cpu => work.run::<burn::backend::Autodiff<burn::backend::NdArray>>(
+            (0..one_each(indices.len()))
+                .map(|_| Default::default())
+                .collect(),
+        ),
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => {
+            let indices = if indices.is_empty() {
+                &[0][..]
+            } else {
+                indices
+            };
+            work.run::<burn::backend::Autodiff<burn::backend::Cuda>>(
+                indices
+                    .iter()
+                    .map(|&i| burn::backend::cuda::CudaDevice::new(i))
+                    .collect(),
+            )
+        }
+        #[cfg(feature = "wgpu")]
+        DeviceKind::Wgpu => {
+            work.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(match indices {
+                [] | [_] => vec![Default::default()],
+                many => many
+                    .iter()
+                    .map(|&i| burn::backend::wgpu::WgpuDevice::DiscreteGpu(i))
+                    .collect(),
+            })
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Cuda => Err(missing("cuda")),
+        #[cfg(not(feature = "wgpu"))]
+        DeviceKind::Wgpu => Err(missing("wgpu")),
+    }
+}
+
+#[cfg(not(all(feature = "cuda", feature = "wgpu")))]
+fn missing(feature: &str) -> Error {
+    Error::Config(format!(
+        "device = \"{feature}\": this xtoken was built without it; rebuild with `--features {feature}`"
+    ))
+}

@@ -1,0 +1,58 @@
+//! `xtoken bench …`: benchmarks that print Markdown tables for BENCHMARKS.md. Memory is
+//! measured here: the counting allocator ([`alloc`]) for host backends, the device pools
+//! (`DeviceMemory`) for GPU ones.
+
+pub mod align;
+pub mod alloc;
+pub mod forward;
+pub mod kernels;
+pub mod loss;
+pub mod projection;
+pub mod train;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+/// The benchmarks.
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Wall time of `projection build` (tokenizer loading included), per stage.
+    Projection(projection::ProjectionBenchArgs),
+    /// Alignment speed per kind of text: the DP alone, and `xtoken align` end to end.
+    Align(align::AlignBenchArgs),
+    /// Forward + backward time and peak memory of P-KL and H-KL on CPU (ndarray): the fused,
+    /// row-chunked losses against a naive composition of burn tensor ops.
+    Loss(loss::LossBenchArgs),
+    /// Forward and forward+backward tokens/s and peak memory of a random Llama-shaped model on
+    /// CPU (ndarray), with and without activation checkpointing.
+    Forward(forward::ForwardBenchArgs),
+    /// One teacher's P-KL forward + backward through the cubecl kernels on a GPU (`--device
+    /// cuda|wgpu`, in a build with that feature), against the HBM floor.
+    Kernels(kernels::KernelBenchArgs),
+    /// `xtoken train`'s whole step (loader, teacher top-K, student forward + backward, losses,
+    /// AdamW) on random models with real tokenizer vocabularies: s/step, tokens/s, peak memory.
+    Train(train::TrainBenchArgs),
+}
+
+/// Runs a benchmark.
+pub fn run(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Projection(args) => projection::run(args),
+        BenchCommand::Align(args) => align::run(args),
+        BenchCommand::Loss(args) => loss::run(args),
+        BenchCommand::Forward(args) => forward::run(args),
+        BenchCommand::Kernels(args) => kernels::run(args),
+        BenchCommand::Train(args) => train::run(args),
+    }
+}
+
+/// The median of a non-empty list.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}

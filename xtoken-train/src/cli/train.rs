@@ -1,0 +1,45 @@
+//! `xtoken train --config run.toml`: the run a configuration file describes, on the device it
+//! names or `--device`, one worker or data-parallel ones (`--devices`).
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use xtoken_train::launch::{train_on, Devices};
+use xtoken_train::{RunConfig, RunOptions};
+
+/// Options of `xtoken train`.
+#[derive(Args, Clone)]
+pub struct TrainArgs {
+    /// The run configuration (TOML; every default is the paper's).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Continue from the newest complete checkpoint in the run directory.
+    #[arg(long)]
+    pub resume: bool,
+    /// `cpu`, `cuda` or `wgpu` (overrides `device` in the configuration).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Stop (with a checkpoint) after this step instead of `training.steps`.
+    #[arg(long)]
+    pub stop_after: Option<u64>,
+    /// Devices of this machine to train on, one worker each (`0,1,2,3`); more than one needs
+    /// the `collective` feature.
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Vec<usize>,
+}
+
+/// Runs `xtoken train`.
+pub fn run(args: TrainArgs) -> Result<()> {
+    let config = RunConfig::load(&args.config)?;
+    let devices = Devices {
+        kind: args.device.as_deref().unwrap_or(&config.device).parse()?,
+        indices: args.devices,
+    };
+    let options = RunOptions {
+        resume: args.resume,
+        stop_after: args.stop_after,
+    };
+    train_on(config, &options, &devices)?;
+    Ok(())
+}

@@ -1,0 +1,365 @@
+//! Tokenizing and aligning: every text is encoded by the student and each teacher and aligned
+//! (the paper's DP span alignment), one document per worker thread; a data file becomes the
+//! alignment cache that training packs from.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+use xtoken_core::align::{AlignParams, Aligner, Alignment, Workspace};
+use xtoken_core::cache::{encode_record, AlignCache, CacheMetadata, CacheWriter, TokenizerRecord};
+use xtoken_core::vocab::Vocabulary;
+
+use super::reader::{DocumentReader, RawDoc, TextExtractor};
+use crate::config::{DataFormat, RunConfig};
+use crate::error::{Context, Error, Result};
+
+/// Everything needed to turn a text into ids and alignments for every teacher.
+pub struct Pipeline {
+    /// The student tokenizer.
+    pub student: Vocabulary,
+    /// The teacher tokenizers.
+    pub teachers: Vec<Vocabulary>,
+    /// One aligner per teacher.
+    pub aligners: Vec<Aligner>,
+}
+
+/// A text's student ids and, per teacher, its ids and their alignment: one document as
+/// [`Pipeline::process`] returns it, or one packed row as the [`Packer`](super::Packer) makes
+/// it.
+#[derive(Debug, Clone)]
+pub struct AlignedText {
+    /// Student ids.
+    pub student_ids: Vec<u32>,
+    /// Per teacher: ids and alignment.
+    pub teachers: Vec<(Vec<u32>, Alignment)>,
+}
+
+impl Pipeline {
+    /// Loads the tokenizers (in parallel) and indexes every pair.
+    pub fn load(student: &Path, teachers: &[PathBuf], params: AlignParams) -> Result<Self> {
+        params.validate()?;
+        let (student, teachers) = load_tokenizers(student, teachers)?;
+        let aligners = teachers
+            .iter()
+            .map(|t| Aligner::new(&student, t, params))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Pipeline {
+            student,
+            teachers,
+            aligners,
+        })
+    }
+
+    /// Tokenizes `text` with every tokenizer (default encoding, special tokens included) and
+    /// aligns each teacher with the student.
+    pub fn process(&self, ws: &mut Workspace, text: &str) -> Result<AlignedText> {
+        let student_ids = self.student.encode(text)?;
+        let mut teachers = Vec::with_capacity(self.teachers.len());
+        for (vocab, aligner) in self.teachers.iter().zip(&self.aligners) {
+            let ids = vocab.encode(text)?;
+            let alignment = aligner.align_with(ws, &student_ids, &ids)?;
+            teachers.push((ids, alignment));
+        }
+        Ok(AlignedText {
+            student_ids,
+            teachers,
+        })
+    }
+}
+
+impl AlignedText {
+    /// The cache record of this document.
+    pub fn record(&self) -> Result<Vec<u8>> {
+        let teachers: Vec<(&[u32], &Alignment)> = self
+            .teachers
+            .iter()
+            .map(|(ids, a)| (ids.as_slice(), a))
+            .collect();
+        Ok(encode_record(&self.student_ids, &teachers)?)
+    }
+
+    /// `{"student_ids", "teacher_ids", "chunks"}` for one teacher; with several, the teachers'
+    /// `{"teacher_ids", "chunks"}` in a `"teachers"` array.
+    pub fn to_json(&self) -> Value {
+        let teacher = |(ids, a): &(Vec<u32>, Alignment)| {
+            let chunks: Vec<Value> = a
+                .chunks
+                .iter()
+                .map(|c| {
+                    let s: Vec<usize> = c.student.range().collect();
+                    let t: Vec<usize> = c.teacher.range().collect();
+                    json!([s, t])
+                })
+                .collect();
+            json!({"teacher_ids": ids, "chunks": chunks})
+        };
+        if let [only] = self.teachers.as_slice() {
+            let mut object = teacher(only);
+            object["student_ids"] = json!(self.student_ids);
+            return object;
+        }
+        json!({
+            "student_ids": self.student_ids,
+            "teachers": self.teachers.iter().map(teacher).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Per-teacher counts of a file job.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    /// Student positions in two-sided chunks.
+    pub student_aligned: u64,
+    /// Teacher positions in two-sided chunks.
+    pub teacher_aligned: u64,
+    /// Teacher tokens.
+    pub teacher_tokens: u64,
+    /// Documents whose DP band had to be widened.
+    pub widened: u64,
+}
+
+impl Tally {
+    /// Counts one document's alignment against this teacher; `band` is the band it started
+    /// with, so a wider one means the DP widened it.
+    fn add(&mut self, teacher_ids: &[u32], alignment: &Alignment, band: u32) {
+        let (s, t) = alignment.aligned_positions();
+        self.student_aligned += s as u64;
+        self.teacher_aligned += t as u64;
+        self.teacher_tokens += teacher_ids.len() as u64;
+        self.widened += u64::from(alignment.band_bytes != band);
+    }
+}
+
+/// What [`align_file`] reads, writes and how.
+pub struct FileJob<'a> {
+    /// The input file.
+    pub input: &'a Path,
+    /// Its format.
+    pub format: DataFormat,
+    /// Where to write the cache, if anywhere.
+    pub out: Option<&'a Path>,
+    /// The field holding the text.
+    pub text_field: &'a str,
+    /// Worker threads.
+    pub threads: usize,
+    /// The alignment parameters (recorded in the cache).
+    pub params: AlignParams,
+    /// Whether to draw a progress bar (on a terminal).
+    pub progress: bool,
+}
+
+/// Totals of a file job.
+pub struct FileStats {
+    /// Documents aligned.
+    pub docs: u64,
+    /// Student tokens over all documents.
+    pub student_tokens: u64,
+    /// Wall time, seconds.
+    pub seconds: f64,
+    /// Per teacher.
+    pub teachers: Vec<Tally>,
+}
+
+/// Reads the documents of a data file in batches, processes each batch on all cores, and writes
+/// the results in input order: cache records to `job.out`, and one JSON object per document
+/// ([`AlignedText::to_json`]) to `json` when given.
+pub fn align_file(
+    pipeline: &Pipeline,
+    job: &FileJob<'_>,
+    mut json: Option<&mut dyn Write>,
+) -> Result<FileStats> {
+    let start = Instant::now();
+    let mut reader = DocumentReader::open(job.input, job.format, job.text_field)?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(job.threads)
+        .build()
+        .map_err(|e| Error::Run(format!("starting worker threads: {e}")))?;
+    let mut writer = cache_writer(pipeline, job)?;
+    let progress = file_progress(&reader, job);
+    let mut tallies = vec![Tally::default(); pipeline.teachers.len()];
+    let (mut docs, mut student_tokens) = (0u64, 0u64);
+    loop {
+        // A batch of about 4 MiB of text keeps every core busy and memory small.
+        let batch = reader.next_batch(4 << 20)?;
+        progress.set_position(reader.done());
+        let extractor = reader.extractor();
+        let results = pool.install(|| align_batch(pipeline, job, &extractor, &batch));
+        for result in results {
+            let (doc, record) = result?;
+            docs += 1;
+            student_tokens += doc.student_ids.len() as u64;
+            for (tally, (ids, a)) in tallies.iter_mut().zip(&doc.teachers) {
+                tally.add(ids, a, job.params.band_bytes);
+            }
+            if let (Some(w), Some(record)) = (writer.as_mut(), record) {
+                w.push(&record, doc.student_ids.len())?;
+            }
+            if let Some(out) = json.as_mut() {
+                writeln!(out, "{}", doc.to_json())?;
+            }
+        }
+        let secs = start.elapsed().as_secs_f64().max(1e-9);
+        progress.set_message(format!(
+            "{docs} docs · {:.0}k student tok/s",
+            student_tokens as f64 / secs / 1e3
+        ));
+        if batch.is_empty() {
+            break;
+        }
+    }
+    if let Some(out) = json.as_mut() {
+        out.flush()?;
+    }
+    progress.finish_and_clear();
+    if let Some(w) = writer {
+        w.finish()?;
+    }
+    Ok(FileStats {
+        docs,
+        student_tokens,
+        seconds: start.elapsed().as_secs_f64(),
+        teachers: tallies,
+    })
+}
+
+/// The cache writer of a job that writes one, recording what the cache is made from.
+fn cache_writer(pipeline: &Pipeline, job: &FileJob<'_>) -> Result<Option<CacheWriter>> {
+    let Some(out) = job.out else { return Ok(None) };
+    let metadata = CacheMetadata {
+        student: TokenizerRecord::of(&pipeline.student),
+        teachers: pipeline.teachers.iter().map(TokenizerRecord::of).collect(),
+        params: job.params,
+        source: job.input.to_path_buf(),
+        text_field: job.text_field.to_string(),
+        student_tokens: 0,
+        created_by: format!("xtoken {}", env!("CARGO_PKG_VERSION")),
+    };
+    Ok(Some(CacheWriter::create(out, metadata)?))
+}
+
+/// A progress bar over the file's bytes (text) or rows (parquet), drawn when a cache is
+/// written and `job.progress` asks for it.
+fn file_progress(reader: &DocumentReader, job: &FileJob<'_>) -> ProgressBar {
+    if !(job.progress && job.out.is_some()) {
+        return ProgressBar::hidden();
+    }
+    let template = if reader.counts_bytes() {
+        "{bar:30} {percent:>3}% {binary_bytes}/{binary_total_bytes} · {msg} · ETA {eta}"
+    } else {
+        "{bar:30} {percent:>3}% {pos}/{len} rows · {msg} · ETA {eta}"
+    };
+    ProgressBar::new(reader.total()).with_style(
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+    )
+}
+
+/// Tokenizes and aligns a batch of documents on the current thread pool, in input order, with
+/// each document's cache record when the job writes a cache.
+fn align_batch(
+    pipeline: &Pipeline,
+    job: &FileJob<'_>,
+    extractor: &TextExtractor,
+    batch: &[RawDoc],
+) -> Vec<Result<(AlignedText, Option<Vec<u8>>)>> {
+    batch
+        .par_iter()
+        .map_init(Workspace::default, |ws, raw| {
+            let text = extractor.text(raw)?;
+            let doc = pipeline.process(ws, &text).with_context(|| {
+                format!(
+                    "{}:{}: aligning this document",
+                    job.input.display(),
+                    raw.line
+                )
+            })?;
+            let record = match job.out {
+                Some(_) => Some(doc.record()?),
+                None => None,
+            };
+            Ok((doc, record))
+        })
+        .collect()
+}
+
+/// Loads the student and every teacher tokenizer, one thread each.
+pub fn load_tokenizers(
+    student: &Path,
+    teachers: &[PathBuf],
+) -> Result<(Vocabulary, Vec<Vocabulary>)> {
+    let (student, teachers) = std::thread::scope(|scope| {
+        let handles: Vec<_> = teachers
+            .iter()
+            .map(|t| scope.spawn(move || Vocabulary::load(t)))
+            .collect();
+        let student = Vocabulary::load(student);
+        let teachers: Result<Vec<_>, _> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect();
+        (student, teachers)
+    });
+    Ok((student?, teachers?))
+}
+
+/// The alignment cache of a run's training data: opened (and checked against the tokenizers,
+/// the source and the alignment settings) when it exists, else built by all cores (or
+/// `data.workers` threads) under a temporary name and renamed into place.
+pub fn open_or_build_cache(
+    config: &RunConfig,
+    pipeline: &Pipeline,
+    progress: bool,
+) -> Result<AlignCache> {
+    let path = config.cache_path();
+    let teachers: Vec<&Vocabulary> = pipeline.teachers.iter().collect();
+    if path.exists() {
+        let cache = AlignCache::open_verified(&path, &pipeline.student, &teachers)
+            .with_context(|| format!("{} (delete it to rebuild)", path.display()))?;
+        let meta = cache.metadata();
+        if meta.source != config.data.path || meta.params != config.align_params() {
+            return Err(Error::Data(format!(
+                "{}: made from {} with other alignment settings or data than data.path = {}; delete it or set data.cache",
+                path.display(),
+                meta.source.display(),
+                config.data.path.display()
+            )));
+        }
+        return Ok(cache);
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("{}", parent.display()))?;
+    }
+    let threads = if config.data.workers == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        config.data.workers
+    };
+    eprintln!(
+        "tokenizing and aligning {} with {threads} threads into {}",
+        config.data.path.display(),
+        path.display()
+    );
+    // Written under a name of this process's own, then renamed: several processes may build the
+    // same cache at once.
+    let partial = path.with_extension(format!("{}.partial", std::process::id()));
+    let job = FileJob {
+        input: &config.data.path,
+        format: config.data_format()?,
+        out: Some(&partial),
+        text_field: &config.data.text_field,
+        threads,
+        params: config.align_params(),
+        progress,
+    };
+    let stats = align_file(pipeline, &job, None)?;
+    std::fs::rename(&partial, &path)
+        .with_context(|| format!("renaming {} into place", partial.display()))?;
+    eprintln!(
+        "  {} documents, {} student tokens in {:.1} s",
+        stats.docs, stats.student_tokens, stats.seconds
+    );
+    Ok(AlignCache::open(&path)?)
+}

@@ -1,0 +1,100 @@
+//! The errors of a training run. Each names what is at fault (the file and line, the
+//! configuration key, the step, the worker); [`Error::Context`] adds what was being done, as a
+//! chain of sources that [`Error::report`] prints whole.
+
+use std::fmt::Display;
+
+/// Why a run, or one of its parts, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A value of the run configuration that cannot be used; the message names its key.
+    #[error("{0}")]
+    Config(String),
+    /// Training data that cannot be read or used; the message names the file and line.
+    #[error("{0}")]
+    Data(String),
+    /// A run that cannot start, continue or finish as asked.
+    #[error("{0}")]
+    Run(String),
+    /// Data-parallel workers that could not exchange their gradients or diverged.
+    #[error("{0}")]
+    Parallel(String),
+    /// From the tokenizers, W, the alignment, the cache or the losses.
+    #[error(transparent)]
+    Core(#[from] xtoken_core::Error),
+    /// From loading, running or saving a model.
+    #[error(transparent)]
+    Model(#[from] xtoken_models::ModelError),
+    /// From reading or writing a checkpoint's tensors.
+    #[error(transparent)]
+    Record(#[from] burn::record::RecorderError),
+    /// From the file system.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// From reading or writing JSON.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// What was being done when `source` happened.
+    #[error("{context}")]
+    Context {
+        /// What was being done (often the file or the step).
+        context: String,
+        /// Why it failed.
+        #[source]
+        source: Box<Error>,
+    },
+}
+
+/// The result of the training library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The whole chain, outermost first: `context: context: cause`.
+    pub fn report(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        text
+    }
+}
+
+/// Adds what was being done to an error.
+pub trait Context<T> {
+    /// Wraps the error with `context`.
+    fn context<C: Display>(self, context: C) -> Result<T>;
+    /// Wraps the error with the context `f` gives (built only on error).
+    fn with_context<C: Display, F: FnOnce() -> C>(self, f: F) -> Result<T>;
+}
+
+impl<T, E: Into<Error>> Context<T> for std::result::Result<T, E> {
+    fn context<C: Display>(self, context: C) -> Result<T> {
+        self.with_context(|| context)
+    }
+
+    fn with_context<C: Display, F: FnOnce() -> C>(self, f: F) -> Result<T> {
+        self.map_err(|e| Error::Context {
+            context: f().to_string(),
+            source: Box::new(e.into()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_prints_every_context_and_the_cause() {
+        let inner: Result<()> = Err(Error::Data("train.jsonl:2: no field `text`".into()));
+        let outer = inner.context("step 3").context("worker 1").unwrap_err();
+        assert_eq!(outer.to_string(), "worker 1");
+        assert_eq!(
+            outer.report(),
+            "worker 1: step 3: train.jsonl:2: no field `text`"
+        );
+    }
+}

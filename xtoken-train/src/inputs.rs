@@ -1,0 +1,117 @@
+//! What a run reads before its first step: the models' configurations, the tokenizers (sized
+//! like the models' embedding tables), the aligners, the alignment cache of the data, and each
+//! teacher's projection matrix W (built and stored on first use).
+
+use std::sync::Arc;
+
+use xtoken_core::align::Aligner;
+use xtoken_core::cache::AlignCache;
+use xtoken_core::projection::SparseProjection;
+use xtoken_core::vocab::Vocabulary;
+use xtoken_models::HfConfig;
+
+use crate::config::{RunConfig, TeacherSettings};
+use crate::data::{open_or_build_cache, Pipeline};
+use crate::error::{Context, Result};
+
+/// The tokenizers, model configurations and alignment cache of a run.
+pub struct RunInputs {
+    /// The student's `config.json`.
+    pub student_config: HfConfig,
+    /// The teachers, every default filled in.
+    pub settings: Vec<TeacherSettings>,
+    /// Each teacher's `config.json`.
+    pub teacher_configs: Vec<HfConfig>,
+    /// The tokenizers and one aligner per teacher.
+    pub pipeline: Pipeline,
+    /// The aligned training data.
+    pub cache: Arc<AlignCache>,
+}
+
+impl RunInputs {
+    /// Loads the tokenizers (sized like the models' embedding tables) and opens the alignment
+    /// cache, building it first when absent; `progress` draws its progress bar.
+    pub fn load(config: &RunConfig, progress: bool) -> Result<Self> {
+        let student_config = HfConfig::read(&config.student.model)?;
+        let settings = config.teacher_settings()?;
+        let teacher_configs = settings
+            .iter()
+            .map(|s| HfConfig::read(&s.model))
+            .collect::<Result<Vec<_>, _>>()?;
+        let student_vocab = Vocabulary::load_padded(
+            config.student_tokenizer(),
+            Some(student_config.architecture.vocab_size),
+        )?;
+        let teacher_vocabs = settings
+            .iter()
+            .zip(&teacher_configs)
+            .map(|(s, c)| Vocabulary::load_padded(&s.tokenizer, Some(c.architecture.vocab_size)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let aligners = teacher_vocabs
+            .iter()
+            .map(|t| Aligner::new(&student_vocab, t, config.align_params()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let pipeline = Pipeline {
+            student: student_vocab,
+            teachers: teacher_vocabs,
+            aligners,
+        };
+        let cache = Arc::new(open_or_build_cache(config, &pipeline, progress)?);
+        Ok(Self {
+            student_config,
+            settings,
+            teacher_configs,
+            pipeline,
+            cache,
+        })
+    }
+}
+
+/// Builds what the workers of a run share on disk (the alignment cache and every W) once,
+/// before they start.
+pub fn prepare_shared_files(config: &RunConfig) -> Result<()> {
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let inputs = RunInputs::load(config, progress)?;
+    for (m, settings) in inputs.settings.iter().enumerate() {
+        if settings.loss.is_none_or(|kind| kind.needs_projection()) {
+            projection_for(
+                config,
+                settings,
+                &inputs.pipeline.student,
+                &inputs.pipeline.teachers[m],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Loads W for a teacher, building and storing it when absent.
+pub fn projection_for(
+    config: &RunConfig,
+    settings: &TeacherSettings,
+    student: &Vocabulary,
+    teacher: &Vocabulary,
+) -> Result<SparseProjection> {
+    let path = &settings.projection;
+    if path.exists() {
+        return SparseProjection::load_verified(path, student, teacher)
+            .with_context(|| format!("teacher {}: W", settings.name));
+    }
+    let (w, _) = SparseProjection::build(student, teacher, config.projection_params())?;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let partial = path.with_extension(format!("{}.partial", std::process::id()));
+    w.save(&partial)?;
+    std::fs::rename(&partial, path)
+        .with_context(|| format!("renaming {} into place", partial.display()))?;
+    eprintln!(
+        "teacher {}: built W ({} × {}, top-{}) into {}",
+        settings.name,
+        w.student_vocab_size(),
+        w.teacher_vocab_size(),
+        w.top_k(),
+        path.display()
+    );
+    Ok(w)
+}

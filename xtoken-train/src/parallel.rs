@@ -1,0 +1,368 @@
+//! Data parallelism over the devices of one machine (feature `collective`): one worker thread
+//! per device, each a burn-collective peer. A worker takes rows `rank, rank + workers, …` of
+//! every global batch; after its micro-batches it averages its gradients (student and learnable
+//! W) and its metric values with the others in one `burn::collective::all_reduce` of a flat
+//! tensor (a tree over the devices), so every worker applies the same update and the
+//! parameters stay identical. Rank 0 writes metrics, checkpoints and the final student; at the
+//! end the workers compare parameter fingerprints.
+//!
+//! Not here, and why:
+//! - Several machines. burn-collective 0.21's global (between-node) all-reduce reuses fixed
+//!   transfer ids, so the second exchange of a session hangs; leaving and re-joining the
+//!   session after each exchange gets past it in a bare loop but crashes burn-collective's
+//!   local server inside training. Upstream removed the crate after 0.21.
+//! - NCCL DDP (`DistributedBackend`, burn feature `distributed`). It all-reduces marked
+//!   parameters inside every `backward()` call, so here once per micro-batch and per
+//!   recomputed layer instead of once per step; the feature also takes `AutodiffBackend` away
+//!   from ndarray, so it could not be tested on a CPU.
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::Tensor;
+use xtoken_core::loss::pkl::LearnableProjection;
+use xtoken_models::Transformer;
+
+use crate::error::Result;
+
+/// Whether this build runs data-parallel workers (feature `collective`).
+pub const DATA_PARALLEL: bool = cfg!(feature = "collective");
+
+/// This worker among the data-parallel workers of the run.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    /// Global rank; rank 0 writes metrics, checkpoints and the final student.
+    pub rank: usize,
+    /// Workers in the run.
+    pub count: usize,
+    /// Its burn-collective peer when there are several workers.
+    #[cfg(feature = "collective")]
+    pub peer: Option<burn::collective::PeerId>,
+}
+
+/// What the workers average after each step: the student's gradients, each learnable W's,
+/// and the step's metric values.
+pub struct Exchange<'a, B: AutodiffBackend> {
+    /// Gives the parameters' order, the same on every worker.
+    pub student: &'a Transformer<B>,
+    /// The student's gradients, summed over this worker's micro-batches.
+    pub student_grads: GradientsParams,
+    /// Per teacher: its learnable W and W's gradients.
+    pub projections: Vec<Option<(&'a LearnableProjection<B>, GradientsParams)>>,
+    /// The step's metric values.
+    pub values: Vec<f64>,
+}
+
+/// The averaged result of an [`Exchange`].
+pub struct Averaged {
+    /// The student's gradients.
+    pub student_grads: GradientsParams,
+    /// Per teacher, W's gradients.
+    pub projection_grads: Vec<Option<GradientsParams>>,
+    /// The metric values.
+    pub values: Vec<f64>,
+}
+
+impl Worker {
+    /// The only worker of a single-device run.
+    pub fn alone() -> Self {
+        Worker {
+            rank: 0,
+            count: 1,
+            #[cfg(feature = "collective")]
+            peer: None,
+        }
+    }
+
+    /// Whether this worker writes the run's outputs.
+    pub fn leads(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// Averages a step's gradients and values over the workers (one all-reduce of everything).
+    pub fn average<B: AutodiffBackend>(
+        &self,
+        exchange: Exchange<'_, B>,
+        device: &B::Device,
+    ) -> Result<Averaged> {
+        #[cfg(feature = "collective")]
+        if let Some(peer) = self.peer {
+            return collective::all_reduce(peer, exchange, device);
+        }
+        let _ = device;
+        Ok(Averaged {
+            student_grads: exchange.student_grads,
+            projection_grads: exchange
+                .projections
+                .into_iter()
+                .map(|p| p.map(|(_, g)| g))
+                .collect(),
+            values: exchange.values,
+        })
+    }
+}
+
+/// A hash of every parameter's bytes: data-parallel workers must end with equal ones.
+pub fn fingerprint<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> u64 {
+    use std::hash::Hasher;
+    struct Hash(std::collections::hash_map::DefaultHasher);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Hash {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.write(&param.val().into_data().bytes);
+        }
+    }
+    let mut hash = Hash(std::collections::hash_map::DefaultHasher::new());
+    module.visit(&mut hash);
+    hash.0.finish()
+}
+
+/// Runs `work` on one thread per device, each a worker of one data-parallel run, and returns
+/// their results in rank order; the first error (or panic) of any worker is the result.
+#[cfg(feature = "collective")]
+pub fn run_workers<B, T, F>(devices: Vec<B::Device>, work: F) -> Result<Vec<T>>
+where
+    B: AutodiffBackend,
+    T: Send,
+    F: Fn(Worker, B::Device) -> Result<T> + Sync,
+{
+    collective::run_workers::<B, T, F>(devices, work)
+}
+
+/// Refuses: this build has no data-parallel support.
+#[cfg(not(feature = "collective"))]
+pub fn run_workers<B, T, F>(devices: Vec<B::Device>, _work: F) -> Result<Vec<T>>
+where
+    B: AutodiffBackend,
+    T: Send,
+    F: Fn(Worker, B::Device) -> Result<T> + Sync,
+{
+    Err(crate::error::Error::Parallel(format!(
+        "{} devices: data-parallel training needs an xtoken built with `--features collective`",
+        devices.len()
+    )))
+}
+
+#[cfg(feature = "collective")]
+mod collective {
+    use burn::collective::{self, AllReduceStrategy, CollectiveConfig, PeerId, ReduceOperation};
+    use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
+    use burn::optim::GradientsParams;
+    use burn::tensor::backend::AutodiffBackend;
+    use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+    use xtoken_core::loss::pkl::LearnableProjection;
+
+    use super::{Averaged, Exchange, Worker};
+    use crate::error::{Context, Error, Result};
+
+    /// Where each gradient sits in the flat exchange tensor: its parameter, shape and dtype.
+    type Layout = Vec<(ParamId, Vec<usize>, DType)>;
+
+    /// Moves every gradient of `module` out of `grads` as flat f32 pieces, in visit order.
+    fn flatten<B: AutodiffBackend, M: AutodiffModule<B>>(
+        module: &M,
+        grads: &mut GradientsParams,
+        pieces: &mut Vec<Tensor<B::InnerBackend, 1>>,
+    ) -> Layout {
+        struct Take<'a, B: AutodiffBackend> {
+            grads: &'a mut GradientsParams,
+            pieces: &'a mut Vec<Tensor<B::InnerBackend, 1>>,
+            layout: Layout,
+        }
+        impl<B: AutodiffBackend> ModuleVisitor<B> for Take<'_, B> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+                    let dims = g.dims().to_vec();
+                    self.layout.push((param.id, dims.clone(), g.dtype()));
+                    let count = dims.iter().product::<usize>();
+                    self.pieces.push(g.cast(DType::F32).reshape([count]));
+                }
+            }
+        }
+        let mut visitor = Take::<B> {
+            grads,
+            pieces,
+            layout: Vec::new(),
+        };
+        module.visit(&mut visitor);
+        visitor.layout
+    }
+
+    /// The inverse of [`flatten`]: cuts the reduced flat tensor back into `module`'s gradients.
+    fn unflatten<B: AutodiffBackend, M: AutodiffModule<B>>(
+        module: &M,
+        flat: &Tensor<B::InnerBackend, 1>,
+        offset: &mut usize,
+        layout: Layout,
+    ) -> GradientsParams {
+        struct Put<'a, B: AutodiffBackend> {
+            flat: &'a Tensor<B::InnerBackend, 1>,
+            offset: &'a mut usize,
+            layout: std::iter::Peekable<std::vec::IntoIter<(ParamId, Vec<usize>, DType)>>,
+            grads: GradientsParams,
+        }
+        impl<B: AutodiffBackend> ModuleVisitor<B> for Put<'_, B> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                if self.layout.peek().map(|l| l.0) != Some(param.id) {
+                    return;
+                }
+                let Some((_, dims, dtype)) = self.layout.next() else {
+                    return;
+                };
+                let count = dims.iter().product::<usize>();
+                let Ok(shape) = <[usize; D]>::try_from(dims) else {
+                    return;
+                };
+                let piece = self
+                    .flat
+                    .clone()
+                    .narrow(0, *self.offset, count)
+                    .reshape(shape)
+                    .cast(dtype);
+                *self.offset += count;
+                self.grads.register(param.id, piece);
+            }
+        }
+        let mut visitor = Put::<B> {
+            flat,
+            offset,
+            layout: layout.into_iter().peekable(),
+            grads: GradientsParams::new(),
+        };
+        module.visit(&mut visitor);
+        visitor.grads
+    }
+
+    /// Averages a step's gradients and metric values over every worker with one all-reduce of
+    /// a single flat tensor (one exchange per step, like DDP's gradient buckets).
+    pub(super) fn all_reduce<B: AutodiffBackend>(
+        peer: PeerId,
+        exchange: Exchange<'_, B>,
+        device: &B::Device,
+    ) -> Result<Averaged> {
+        let Exchange {
+            student,
+            mut student_grads,
+            projections,
+            values,
+        } = exchange;
+        let modules: Vec<Option<&LearnableProjection<B>>> = projections
+            .iter()
+            .map(|p| p.as_ref().map(|(w, _)| *w))
+            .collect();
+        let mut pieces = Vec::new();
+        let student_layout = flatten(student, &mut student_grads, &mut pieces);
+        let projection_layouts: Vec<Option<Layout>> = projections
+            .into_iter()
+            .map(|p| p.map(|(w, mut g)| (w, flatten(w, &mut g, &mut pieces))))
+            .map(|p| p.map(|(_, layout)| layout))
+            .collect();
+        let value_count = values.len();
+        pieces.push(Tensor::from_data(
+            TensorData::new(values, [value_count]),
+            device,
+        ));
+        let flat = Tensor::cat(pieces, 0);
+        let reduced = collective::all_reduce::<B::InnerBackend>(
+            peer,
+            flat.into_primitive().tensor(),
+            ReduceOperation::Mean,
+        )
+        .map_err(|e| Error::Parallel(format!("all-reduce of the gradients failed: {e:?}")))?;
+        let flat = Tensor::<B::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(reduced));
+        let mut offset = 0usize;
+        let student_grads = unflatten(student, &flat, &mut offset, student_layout);
+        let projection_grads = modules
+            .iter()
+            .zip(projection_layouts)
+            .map(|(w, layout)| match (w, layout) {
+                (Some(w), Some(layout)) => Some(unflatten(*w, &flat, &mut offset, layout)),
+                _ => None,
+            })
+            .collect();
+        let total = flat.dims()[0];
+        let values = flat
+            .narrow(0, offset, total - offset)
+            .into_data()
+            .convert::<f64>()
+            .to_vec::<f64>()
+            .map_err(|e| Error::Parallel(format!("reading the reduced metrics: {e:?}")))?;
+        Ok(Averaged {
+            student_grads,
+            projection_grads,
+            values,
+        })
+    }
+
+    /// One worker thread: joins the collective, works, and leaves it (even after an error, so
+    /// that the others are not left waiting on a registration that never ends).
+    fn worker<B, T, F>(
+        rank: usize,
+        count: usize,
+        device: B::Device,
+        config: CollectiveConfig,
+        work: &F,
+    ) -> Result<T>
+    where
+        B: AutodiffBackend,
+        F: Fn(Worker, B::Device) -> Result<T>,
+    {
+        let peer = PeerId::from(rank);
+        collective::register::<B::InnerBackend>(peer, device.clone(), config).map_err(|e| {
+            Error::Parallel(format!("worker {rank}: joining the collective: {e:?}"))
+        })?;
+        let worker = Worker {
+            rank,
+            count,
+            peer: Some(peer),
+        };
+        let result = work(worker, device);
+        let finished = collective::finish_collective::<B::InnerBackend>(peer);
+        let value = result.with_context(|| format!("worker {rank}"))?;
+        finished.map_err(|e| {
+            Error::Parallel(format!("worker {rank}: leaving the collective: {e:?}"))
+        })?;
+        Ok(value)
+    }
+
+    pub(super) fn run_workers<B, T, F>(devices: Vec<B::Device>, work: F) -> Result<Vec<T>>
+    where
+        B: AutodiffBackend,
+        T: Send,
+        F: Fn(Worker, B::Device) -> Result<T> + Sync,
+    {
+        let count = devices.len();
+        let config = CollectiveConfig::default()
+            .with_num_devices(count)
+            .with_local_all_reduce_strategy(AllReduceStrategy::Tree(2));
+        std::thread::scope(|scope| {
+            let mut handles = Vec::with_capacity(count);
+            for (rank, device) in devices.into_iter().enumerate() {
+                let (config, work) = (config.clone(), &work);
+                let handle = std::thread::Builder::new()
+                    .name(format!("xtoken-worker-{rank}"))
+                    .spawn_scoped(scope, move || {
+                        worker::<B, T, F>(rank, count, device, config, work)
+                    })?;
+                handles.push(handle);
+            }
+            let mut results = Vec::with_capacity(count);
+            let mut first_error = None;
+            for handle in handles {
+                match handle.join() {
+                    Ok(Ok(value)) => results.push(value),
+                    Ok(Err(e)) => {
+                        first_error.get_or_insert(e);
+                    }
+                    Err(_) => {
+                        let panicked = Error::Parallel("a worker thread panicked".into());
+                        first_error.get_or_insert(panicked);
+                    }
+                }
+            }
+            match first_error {
+                Some(e) => Err(e),
+                None => Ok(results),
+            }
+        })
+    }
+}

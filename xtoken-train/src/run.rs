@@ -1,0 +1,522 @@
+//! A training run in named stages, top to bottom:
+//!
+//! 1. [`Run::open`]: the run directory (or the checkpoint to restore), the inputs, the
+//!    teachers, the student with its optimizer groups, and the data loader;
+//! 2. [`Run::step`]: one optimizer step ([`crate::step::step`]) and its metrics;
+//! 3. [`Run::log`] and [`Run::checkpoint`]: the metrics file, the progress, the checkpoints;
+//! 4. [`Run::export`]: the student as a Hugging Face directory.
+//!
+//! [`train`] runs them; a benchmark (or a loop of your own) calls them itself.
+//!
+//! A run directory holds `run.toml` (the configuration it was started with), `metrics.csv`,
+//! `loss.svg`, `checkpoints/step-NNNNNNNN/` and, at the end, `student/`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use indicatif::{ProgressBar, ProgressStyle};
+use xtoken_models::{LoadOptions, SaveDtype, Transformer};
+
+use crate::backend::TrainBackend;
+use crate::checkpoint::{self, CheckpointState};
+use crate::config::{DtypeChoice, RunConfig};
+use crate::data::{BatchShape, Loader, LoaderState, Packer};
+use crate::error::{Context, Error, Result};
+use crate::inputs::RunInputs;
+use crate::metrics::{MetricsLog, StepMetrics};
+use crate::optim::Trainable;
+use crate::parallel::{fingerprint, Worker};
+use crate::schedule::learning_rate;
+use crate::step::{step, LossSetup, StepRates};
+use crate::teachers::{dtype_of, Teacher};
+
+/// How a run starts and how far it goes.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Continue from the newest complete checkpoint in the run directory.
+    pub resume: bool,
+    /// Stop (with a checkpoint) after this step instead of `training.steps`.
+    pub stop_after: Option<u64>,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunSummary {
+    /// Steps completed.
+    pub steps: u64,
+    /// Student tokens trained on (over all workers).
+    pub tokens: u64,
+    /// Training time, in seconds (resumed runs included).
+    pub seconds: f64,
+    /// A hash of the student's parameters (data-parallel runs: equal on every worker).
+    pub fingerprint: u64,
+}
+
+/// A run between its stages.
+pub struct Run<B: TrainBackend> {
+    config: RunConfig,
+    device: B::Device,
+    worker: Worker,
+    teachers: Vec<Teacher<B>>,
+    trainable: Trainable<B>,
+    setup: LossSetup,
+    state: CheckpointState,
+    loader: Loader,
+    metrics: Option<MetricsLog>,
+    progress: Progress,
+    /// When this process started training, and the seconds of the steps before it.
+    clock: (Instant, f64),
+    /// The step this process stops after.
+    last: u64,
+}
+
+impl<B: TrainBackend> Run<B> {
+    /// Opens (or, with `options.resume`, restores) the run `config` describes, on `device`, as
+    /// `worker` of its data-parallel workers.
+    pub fn open(
+        config: RunConfig,
+        options: &RunOptions,
+        device: B::Device,
+        worker: Worker,
+    ) -> Result<Self> {
+        let lead = worker.leads();
+        open_directory(&config, options.resume, lead)?;
+        let progress = Progress::new(lead, &config);
+        let inputs = RunInputs::load(&config, progress.visible)?;
+        let mut teachers = (0..inputs.settings.len())
+            .map(|m| Teacher::<B>::load(&config, &inputs, m, &device, lead))
+            .collect::<Result<Vec<_>>>()?;
+        let mut trainable = load_student(&config, &teachers, &device, lead)?;
+        let state = restore(
+            &config,
+            options.resume,
+            &mut trainable,
+            &mut teachers,
+            &device,
+            lead,
+        )?;
+        let names: Vec<String> = teachers.iter().map(|t| t.settings.name.clone()).collect();
+        let metrics = lead
+            .then(|| MetricsLog::open(&config.output_dir.join("metrics.csv"), &names, state.step))
+            .transpose()?;
+        let loader = start_loader(&config, &inputs, &worker, state.loader)?;
+        let t = &config.training;
+        let last = options.stop_after.unwrap_or(t.steps).min(t.steps);
+        progress.start(&config, &state, last, worker.count)?;
+        Ok(Self {
+            setup: LossSetup::of(&config)?,
+            device,
+            worker,
+            teachers,
+            trainable,
+            metrics,
+            loader,
+            progress,
+            clock: (Instant::now(), state.seconds),
+            state,
+            last,
+            config,
+        })
+    }
+
+    /// Whether the run has reached the step it stops after.
+    pub fn done(&self) -> bool {
+        self.state.step >= self.last
+    }
+
+    /// Where the run stands.
+    pub fn state(&self) -> &CheckpointState {
+        &self.state
+    }
+
+    /// The student as trained so far.
+    pub fn student(&self) -> &Transformer<B> {
+        &self.trainable.student
+    }
+
+    /// The next optimizer step; returns its metrics.
+    pub fn step(&mut self) -> Result<StepMetrics> {
+        let started = Instant::now();
+        let n = self.state.step + 1;
+        let batch = self.loader.next_step()?;
+        let t = &self.config.training;
+        let lr = learning_rate(self.state.step, t.steps, t.lr, t.warmup, t.min_lr);
+        let rates = StepRates {
+            lr,
+            grad_clip: t.grad_clip,
+            projection_lr: self.config.projection.lr,
+        };
+        let outcome = step(
+            &mut self.trainable,
+            &mut self.teachers,
+            &batch,
+            &self.setup,
+            rates,
+            &self.worker,
+            &self.device,
+        )
+        .with_context(|| format!("step {n}"))?;
+        self.state.step = n;
+        self.state.loader = batch.state_after;
+        self.state.tokens += outcome.tokens;
+        self.state.seconds = self.clock.1 + self.clock.0.elapsed().as_secs_f64();
+        let seconds = started.elapsed().as_secs_f64();
+        let v = outcome.values;
+        Ok(StepMetrics {
+            step: n,
+            lr,
+            loss: v.loss,
+            ce: v.ce,
+            kd: v.kd,
+            teachers: v.teachers,
+            grad_norm: outcome.grad_norm,
+            tokens: self.state.tokens,
+            tokens_per_s: outcome.tokens as f64 / seconds.max(1e-9),
+            seconds: self.state.seconds,
+        })
+    }
+
+    /// Records a step's metrics: the progress bar or a log line, and `metrics.csv`.
+    pub fn log(&mut self, row: StepMetrics) -> Result<()> {
+        let every = self.config.training.log_every;
+        let due = row.step % every == 0 || row.step == self.last;
+        self.progress
+            .show(&row, &self.teachers, self.config.training.steps, due);
+        if let Some(metrics) = self.metrics.as_mut() {
+            metrics.push(row)?;
+        }
+        Ok(())
+    }
+
+    /// Whether this worker writes a checkpoint after the current step: every
+    /// `checkpoint.every` steps and at the last one, on the lead worker.
+    pub fn checkpoint_due(&self) -> bool {
+        let step = self.state.step;
+        self.worker.leads() && (step % self.config.checkpoint.every == 0 || step == self.last)
+    }
+
+    /// Writes a checkpoint of the current step (keeping the newest `checkpoint.keep`) and
+    /// redraws `loss.svg`.
+    pub fn checkpoint(&mut self) -> Result<PathBuf> {
+        let out = &self.config.output_dir;
+        let dir = checkpoint::save(
+            &out.join("checkpoints"),
+            &self.state,
+            &self.trainable,
+            &self.teachers,
+            self.config.checkpoint.keep,
+        )?;
+        if let Some(metrics) = &self.metrics {
+            let title = format!("xtoken train · {}", out.display());
+            metrics.write_svg(&out.join("loss.svg"), &title)?;
+        }
+        self.progress
+            .bar
+            .suspend(|| eprintln!("checkpoint {}", dir.display()));
+        Ok(dir)
+    }
+
+    /// Ends the run; when it reached `training.steps`, the lead worker saves the student into
+    /// `output_dir/student` as a Hugging Face directory with its tokenizer.
+    pub fn export(self) -> Result<RunSummary> {
+        self.progress.bar.finish_and_clear();
+        let state = &self.state;
+        let complete = state.step == self.config.training.steps;
+        if self.worker.leads() && complete {
+            let dir = export_student(&self.config, &self.trainable.student)?;
+            eprintln!(
+                "done: {} steps, {} tokens in {:.1} s; student saved to {}",
+                state.step,
+                state.tokens,
+                state.seconds,
+                dir.display()
+            );
+        }
+        Ok(RunSummary {
+            steps: state.step,
+            tokens: state.tokens,
+            seconds: state.seconds,
+            fingerprint: match self.worker.count {
+                1 => 0,
+                _ => fingerprint(&self.trainable.student),
+            },
+        })
+    }
+}
+
+/// Runs the whole training `config` describes on `device`: open or restore, step, log and
+/// checkpoint until the last step, export.
+pub fn train<B: TrainBackend>(
+    config: RunConfig,
+    options: &RunOptions,
+    device: B::Device,
+    worker: Worker,
+) -> Result<RunSummary> {
+    let mut run = Run::<B>::open(config, options, device, worker)?;
+    while !run.done() {
+        let row = run.step()?;
+        run.log(row)?;
+        if run.checkpoint_due() {
+            run.checkpoint()?;
+        }
+    }
+    run.export()
+}
+
+/// The configuration as resolved for this run, for the comparison on `--resume` (the device
+/// may change between a run and its resumption).
+fn resolved_text(config: &RunConfig) -> Result<String> {
+    let mut c = config.clone();
+    c.device = String::new();
+    toml::to_string(&c).map_err(|e| Error::Config(format!("writing run.toml: {e}")))
+}
+
+/// Creates the run directory, or checks that a resumed run keeps its configuration; a fresh
+/// run refuses a directory that holds checkpoints.
+fn open_directory(config: &RunConfig, resume: bool, lead: bool) -> Result<()> {
+    let out = &config.output_dir;
+    std::fs::create_dir_all(out).with_context(|| format!("{}", out.display()))?;
+    let run_toml = out.join("run.toml");
+    let text = resolved_text(config)?;
+    if resume {
+        let saved = std::fs::read_to_string(&run_toml).with_context(|| {
+            format!(
+                "{}: --resume needs the run directory of an earlier run",
+                run_toml.display()
+            )
+        })?;
+        if saved != text {
+            return Err(Error::Run(format!(
+                "{}: this run was started with another configuration; resume with the same settings",
+                run_toml.display()
+            )));
+        }
+    } else if checkpoint::latest(&out.join("checkpoints"))?.is_some() {
+        return Err(Error::Run(format!(
+            "{} already holds checkpoints: pass --resume to continue that run, or choose another output_dir",
+            out.display()
+        )));
+    } else if lead {
+        std::fs::write(&run_toml, &text).with_context(|| format!("{}", run_toml.display()))?;
+    }
+    Ok(())
+}
+
+/// The student in its configured dtype, with fresh optimizers for it and each learnable W.
+fn load_student<B: TrainBackend>(
+    config: &RunConfig,
+    teachers: &[Teacher<B>],
+    device: &B::Device,
+    lead: bool,
+) -> Result<Trainable<B>> {
+    let dtype = dtype_of::<B>(config.student_dtype()?, device);
+    let student = Transformer::<B>::load_with(&config.student.model, LoadOptions { dtype }, device)
+        .context("student")?;
+    if lead {
+        eprintln!(
+            "student: {} ({} parameters, {dtype:?})",
+            config.student.model.display(),
+            student.architecture.num_parameters()
+        );
+    }
+    let learnable: Vec<bool> = teachers
+        .iter()
+        .map(|t| t.projection.is_some() && config.projection.learnable)
+        .collect();
+    Ok(Trainable::new(student, &config.training, &learnable))
+}
+
+/// Where the run starts: step 0, or with `resume` the newest complete checkpoint, loaded into
+/// the student, the optimizers and each W.
+fn restore<B: TrainBackend>(
+    config: &RunConfig,
+    resume: bool,
+    trainable: &mut Trainable<B>,
+    teachers: &mut [Teacher<B>],
+    device: &B::Device,
+    lead: bool,
+) -> Result<CheckpointState> {
+    let fresh = CheckpointState {
+        step: 0,
+        loader: LoaderState::default(),
+        tokens: 0,
+        seconds: 0.0,
+        teachers: teachers.iter().map(|t| t.settings.name.clone()).collect(),
+    };
+    if !resume {
+        return Ok(fresh);
+    }
+    let checkpoints = config.output_dir.join("checkpoints");
+    let Some((dir, saved)) = checkpoint::latest(&checkpoints)? else {
+        if lead {
+            eprintln!(
+                "no checkpoint in {}: starting from step 0",
+                checkpoints.display()
+            );
+        }
+        return Ok(fresh);
+    };
+    checkpoint::restore(&dir, trainable, teachers, device)?;
+    if lead {
+        eprintln!("resuming from {} (step {})", dir.display(), saved.step);
+    }
+    Ok(saved)
+}
+
+/// The background loader, positioned at `state`, taking this worker's rows of each batch.
+fn start_loader(
+    config: &RunConfig,
+    inputs: &RunInputs,
+    worker: &Worker,
+    state: LoaderState,
+) -> Result<Loader> {
+    let t = &config.training;
+    config.grad_accum(worker.count)?;
+    let packer = Packer::new(inputs.cache.clone(), config.seed, t.context_length, state)?;
+    let shape = BatchShape {
+        global: t.batch_size,
+        micro: t.micro_batch,
+        workers: worker.count,
+        rank: worker.rank,
+    };
+    Loader::start(packer, shape, config.merge_variant()?, config.data.prefetch)
+}
+
+/// Saves the student with its tokenizer files into `output_dir/student` (written to
+/// `student.tmp` and renamed into place).
+fn export_student<B: TrainBackend>(
+    config: &RunConfig,
+    student: &Transformer<B>,
+) -> Result<PathBuf> {
+    let out = &config.output_dir;
+    let (final_dir, tmp) = (out.join("student"), out.join("student.tmp"));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).ok();
+    }
+    student
+        .valid()
+        .save(&tmp, save_dtype(config.save_dtype()?))
+        .context("saving the student")?;
+    copy_tokenizer(config, &tmp)?;
+    if final_dir.exists() {
+        std::fs::remove_dir_all(&final_dir)?;
+    }
+    std::fs::rename(&tmp, &final_dir)?;
+    Ok(final_dir)
+}
+
+/// The tokenizer travels with the model: `tokenizer.json` and, when the student's directory has
+/// them, its tokenizer, generation and special-token configurations.
+fn copy_tokenizer(config: &RunConfig, dir: &Path) -> Result<()> {
+    let tokenizer = xtoken_core::vocab::resolve_tokenizer_json(&config.student_tokenizer())?;
+    std::fs::copy(&tokenizer, dir.join("tokenizer.json"))
+        .with_context(|| format!("copying {}", tokenizer.display()))?;
+    for extra in [
+        "tokenizer_config.json",
+        "generation_config.json",
+        "special_tokens_map.json",
+    ] {
+        let source = config.student.model.join(extra);
+        if source.exists() {
+            std::fs::copy(&source, dir.join(extra))?;
+        }
+    }
+    Ok(())
+}
+
+fn save_dtype(choice: DtypeChoice) -> SaveDtype {
+    match choice {
+        DtypeChoice::Bf16 | DtypeChoice::Auto => SaveDtype::BF16,
+        DtypeChoice::F16 => SaveDtype::F16,
+        DtypeChoice::F32 => SaveDtype::F32,
+    }
+}
+
+/// What a run shows while it goes: a progress bar on a terminal, else a line every
+/// `log_every` steps (lead worker only).
+struct Progress {
+    bar: ProgressBar,
+    visible: bool,
+    lead: bool,
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Progress {
+    fn new(lead: bool, config: &RunConfig) -> Self {
+        let visible = lead && std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let bar = if visible {
+            ProgressBar::new(config.training.steps)
+        } else {
+            ProgressBar::hidden()
+        };
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} steps · {msg} · ETA {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Self { bar, visible, lead }
+    }
+
+    /// Positions the bar and says what the run will do.
+    fn start(
+        &self,
+        config: &RunConfig,
+        state: &CheckpointState,
+        last: u64,
+        workers: usize,
+    ) -> Result<()> {
+        self.bar.set_position(state.step);
+        let t = &config.training;
+        if self.lead {
+            eprintln!(
+                "training steps {}..{last} of {}: {} sequences × {} tokens per step ({} per micro-batch, {} micro-batches × {workers} workers)",
+                state.step,
+                t.steps,
+                t.batch_size,
+                t.context_length,
+                t.micro_batch,
+                config.grad_accum(workers)?,
+            );
+        }
+        Ok(())
+    }
+
+    /// Moves the bar; off a terminal, prints the step's line when `due`.
+    fn show<B: TrainBackend>(
+        &self,
+        row: &StepMetrics,
+        teachers: &[Teacher<B>],
+        steps: u64,
+        due: bool,
+    ) {
+        self.bar.set_position(row.step);
+        self.bar.set_message(format!(
+            "loss {:.4} (CE {:.4}, KD {:.4}) · {:.0} tok/s",
+            row.loss, row.ce, row.kd, row.tokens_per_s
+        ));
+        if !self.lead || self.visible || !due {
+            return;
+        }
+        let per_teacher: Vec<String> = teachers
+            .iter()
+            .zip(&row.teachers)
+            .map(|(t, (l, a))| format!("{} {l:.4} (α {a:.3})", t.settings.name))
+            .collect();
+        eprintln!(
+            "step {}/{steps} · lr {:.3e} · loss {:.4} · CE {:.4} · KD {:.4} [{}] · |g| {:.3} · {:.0} tok/s",
+            row.step,
+            row.lr,
+            row.loss,
+            row.ce,
+            row.kd,
+            per_teacher.join(", "),
+            row.grad_norm,
+            row.tokens_per_s
+        );
+    }
+}

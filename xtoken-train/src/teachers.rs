@@ -1,0 +1,214 @@
+//! The teachers of a run: each one's model (run without a graph, in its own dtype), its loss
+//! (`auto` resolved by the coverage audit) and the tables that loss reads: the common set for
+//! GOLD and H-KL, the learnable W for P-KL. Per micro-batch a teacher turns into its top-K
+//! targets.
+
+use burn::module::Module;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
+use xtoken_core::audit::{self, AuditOptions};
+use xtoken_core::common::{CommonSet, CommonTables};
+use xtoken_core::loss::multi::Weighting;
+use xtoken_core::loss::pkl::LearnableProjection;
+use xtoken_core::loss::{hkl, Loss, LossKind, LossParams, TeacherTargets, XTokenBackend};
+use xtoken_core::projection::SparseProjection;
+use xtoken_core::vocab::Vocabulary;
+use xtoken_models::{CausalLm, LoadOptions, Transformer};
+
+use crate::config::{DtypeChoice, RunConfig, TeacherSettings};
+use crate::data::TeacherBatch;
+use crate::error::{Context, Error, Result};
+use crate::inputs::{projection_for, RunInputs};
+
+/// A teacher with everything its loss needs.
+pub struct Teacher<B: AutodiffBackend> {
+    /// Its settings.
+    pub settings: TeacherSettings,
+    /// Its loss (`auto` resolved).
+    pub kind: LossKind,
+    /// The model, on the inner backend: it never enters the graph.
+    pub model: Transformer<B::InnerBackend>,
+    /// GOLD, H-KL: the common set's tables.
+    pub tables: Option<CommonTables>,
+    /// P-KL: W, learnable unless `projection.learnable = false`.
+    pub projection: Option<LearnableProjection<B>>,
+}
+
+impl<B> Teacher<B>
+where
+    B: AutodiffBackend + XTokenBackend,
+    B::InnerBackend: XTokenBackend,
+{
+    /// Teacher `m` of the run: its loss, W and tables, and its model on `device`. `lead` prints
+    /// what was chosen.
+    pub fn load(
+        config: &RunConfig,
+        inputs: &RunInputs,
+        m: usize,
+        device: &B::Device,
+        lead: bool,
+    ) -> Result<Self> {
+        let settings = &inputs.settings[m];
+        let (student, teacher) = (&inputs.pipeline.student, &inputs.pipeline.teachers[m]);
+        let widths = (
+            inputs.student_config.architecture.vocab_size,
+            inputs.teacher_configs[m].architecture.vocab_size,
+        );
+        let (kind, w) = match settings.loss {
+            Some(kind) if !kind.needs_projection() => (kind, None),
+            Some(kind) => (
+                kind,
+                Some(projection_for(config, settings, student, teacher)?),
+            ),
+            None => {
+                let w = projection_for(config, settings, student, teacher)?;
+                (audit_choice(settings, student, teacher, &w, lead), Some(w))
+            }
+        };
+        if kind == LossKind::Kl && student.sha256() != teacher.sha256() {
+            return Err(Error::Config(format!(
+                "teachers[{m}].loss = \"kl\": KL needs the student's tokenizer, but {} differs from {}; use pkl, hkl, gold or uld",
+                teacher.path().display(),
+                student.path().display()
+            )));
+        }
+        let tables = common_tables(kind, student, teacher, w.as_ref(), widths)?;
+        let projection = match (kind, &w) {
+            (LossKind::Pkl, Some(w)) => {
+                let module = LearnableProjection::<B>::new(w, widths.0, device)?;
+                Some(if config.projection.learnable {
+                    module
+                } else {
+                    module.no_grad()
+                })
+            }
+            _ => None,
+        };
+        let dtype = dtype_of::<B::InnerBackend>(settings.dtype, device);
+        let model = Transformer::<B::InnerBackend>::load_with(
+            &settings.model,
+            LoadOptions { dtype },
+            device,
+        )
+        .with_context(|| format!("teacher {}", settings.name))?;
+        if lead {
+            eprintln!(
+                "teacher {}: {} ({} parameters, {dtype:?}), {}, α = {}",
+                settings.name,
+                settings.model.display(),
+                model.architecture.num_parameters(),
+                kind.name(),
+                settings.alpha
+            );
+        }
+        Ok(Self {
+            settings: settings.clone(),
+            kind,
+            model,
+            tables,
+            projection,
+        })
+    }
+
+    /// The loss bound to this teacher's tables.
+    pub fn loss(&self) -> Result<Loss<'_, B>> {
+        Ok(Loss::new(
+            self.kind,
+            self.tables.as_ref(),
+            self.projection.as_ref(),
+        )?)
+    }
+
+    /// Runs the teacher on its side of a micro-batch of `rows` rows (no graph) and keeps its
+    /// top-K merged log-probabilities per chunk; with adaptive weighting, its confidence too.
+    pub fn targets(
+        &self,
+        batch: &TeacherBatch,
+        rows: usize,
+        params: &LossParams,
+        weighting: Weighting,
+        device: &B::Device,
+    ) -> Result<TeacherTargets<B>> {
+        let ids = ids_tensor::<B::InnerBackend>(&batch.ids, rows, batch.len, device);
+        let padding = padding_tensor::<B::InnerBackend>(&batch.padding, rows, batch.len, device);
+        let logits = self
+            .model
+            .forward(ids, padding)
+            .with_context(|| format!("teacher {}: forward", self.settings.name))?;
+        let logits = Tensor::<B, 3>::from_inner(logits);
+        let built = if matches!(weighting, Weighting::Adaptive(_)) {
+            TeacherTargets::with_confidence(logits, &batch.plan, params)
+        } else {
+            TeacherTargets::new(logits, &batch.plan, params)
+        };
+        built.with_context(|| format!("teacher {}", self.settings.name))
+    }
+}
+
+/// What `auto` resolves to: the coverage audit's recommendation, P-KL or H-KL.
+fn audit_choice(
+    settings: &TeacherSettings,
+    student: &Vocabulary,
+    teacher: &Vocabulary,
+    w: &SparseProjection,
+    lead: bool,
+) -> LossKind {
+    let report = audit::audit(student, teacher, w, &AuditOptions::default());
+    if lead {
+        eprintln!(
+            "teacher {}: auto → {:?}: {}",
+            settings.name, report.recommendation, report.reason
+        );
+    }
+    report.recommendation
+}
+
+/// The common set's tables GOLD (strict) and H-KL (relaxed by W) read, for logits of `widths`
+/// (student, teacher).
+fn common_tables(
+    kind: LossKind,
+    student: &Vocabulary,
+    teacher: &Vocabulary,
+    w: Option<&SparseProjection>,
+    (student_width, teacher_width): (usize, usize),
+) -> Result<Option<CommonTables>> {
+    let strict = || CommonSet::strict(student, teacher);
+    Ok(match (kind, w) {
+        (LossKind::Gold, _) => Some(CommonTables::new(&strict(), student_width, teacher_width)?),
+        (LossKind::Hkl, Some(w)) => Some(hkl::tables(&strict(), w, student_width, teacher_width)?),
+        _ => None,
+    })
+}
+
+/// The dtype a configured choice means on `B` (`auto`: bf16 where `B` has it).
+pub fn dtype_of<B: Backend>(choice: DtypeChoice, device: &B::Device) -> DType {
+    match choice {
+        DtypeChoice::F32 => DType::F32,
+        DtypeChoice::Bf16 => DType::BF16,
+        DtypeChoice::F16 => DType::F16,
+        DtypeChoice::Auto if B::supports_dtype(device, DType::BF16) => DType::BF16,
+        DtypeChoice::Auto => DType::F32,
+    }
+}
+
+/// Ids `[rows, len]` as a tensor.
+pub fn ids_tensor<B: Backend>(
+    ids: &[i64],
+    rows: usize,
+    len: usize,
+    device: &B::Device,
+) -> Tensor<B, 2, Int> {
+    Tensor::from_data(TensorData::new(ids.to_vec(), [rows, len]), device)
+}
+
+/// A padding mask `[rows, len]` (`true`: padded) as a tensor.
+pub fn padding_tensor<B: Backend>(
+    padding: &Option<Vec<bool>>,
+    rows: usize,
+    len: usize,
+    device: &B::Device,
+) -> Option<Tensor<B, 2, Bool>> {
+    padding
+        .as_ref()
+        .map(|p| Tensor::from_data(TensorData::new(p.clone(), [rows, len]), device))
+}
