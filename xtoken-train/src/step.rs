@@ -13,6 +13,7 @@ use xtoken_core::loss::pkl::LearnableProjection;
 use xtoken_core::loss::{ce, scaling, LossParams, XTokenBackend};
 use xtoken_models::Transformer;
 
+use crate::backend::TrainBackend;
 use crate::config::RunConfig;
 use crate::data::{MicroBatch, StepBatch};
 use crate::error::{Context, Error, Result};
@@ -69,18 +70,14 @@ pub struct MicroOutcome {
 }
 
 /// Forward and backward of one micro-batch, its loss scaled by `scale`.
-pub fn micro_step<B>(
+pub fn micro_step<B: TrainBackend>(
     student: &Transformer<B>,
     teachers: &[Teacher<B>],
     micro: &MicroBatch,
     setup: &LossSetup,
     scale: f64,
     device: &B::Device,
-) -> Result<MicroOutcome>
-where
-    B: AutodiffBackend + XTokenBackend,
-    B::InnerBackend: XTokenBackend,
-{
+) -> Result<MicroOutcome> {
     let targets = teachers
         .iter()
         .zip(&micro.teachers)
@@ -210,7 +207,7 @@ pub struct StepRates {
 
 /// One optimizer step over this worker's micro-batches of `batch`: accumulate, average over
 /// the workers, clip, and apply. A non-finite loss stops before the weights are touched.
-pub fn step<B>(
+pub fn step<B: TrainBackend>(
     trainable: &mut Trainable<B>,
     teachers: &mut [Teacher<B>],
     batch: &StepBatch,
@@ -218,11 +215,7 @@ pub fn step<B>(
     rates: StepRates,
     worker: &Worker,
     device: &B::Device,
-) -> Result<StepOutcome>
-where
-    B: AutodiffBackend + XTokenBackend,
-    B::InnerBackend: XTokenBackend,
-{
+) -> Result<StepOutcome> {
     let summed = accumulate(&trainable.student, teachers, batch, setup, device)?;
     let averaged = worker.average(
         Exchange {
@@ -268,17 +261,13 @@ struct Summed {
 
 /// Forward and backward of every micro-batch, the gradients summed (each loss scaled by
 /// 1 / micro-batches) and the values averaged.
-fn accumulate<B>(
+fn accumulate<B: TrainBackend>(
     student: &Transformer<B>,
     teachers: &[Teacher<B>],
     batch: &StepBatch,
     setup: &LossSetup,
     device: &B::Device,
-) -> Result<Summed>
-where
-    B: AutodiffBackend + XTokenBackend,
-    B::InnerBackend: XTokenBackend,
-{
+) -> Result<Summed> {
     let mut student_acc = GradientsAccumulator::<Transformer<B>>::new();
     let mut w_acc: Vec<Option<GradientsParams>> = teachers.iter().map(|_| None).collect();
     let mut sums = LossValues {

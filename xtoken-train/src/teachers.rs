@@ -10,11 +10,12 @@ use xtoken_core::audit::{self, AuditOptions};
 use xtoken_core::common::{CommonSet, CommonTables};
 use xtoken_core::loss::multi::Weighting;
 use xtoken_core::loss::pkl::LearnableProjection;
-use xtoken_core::loss::{hkl, Loss, LossKind, LossParams, TeacherTargets, XTokenBackend};
+use xtoken_core::loss::{hkl, Loss, LossKind, LossParams, TeacherTargets};
 use xtoken_core::projection::SparseProjection;
 use xtoken_core::vocab::Vocabulary;
 use xtoken_models::{CausalLm, LoadOptions, Transformer};
 
+use crate::backend::TrainBackend;
 use crate::config::{DtypeChoice, RunConfig, TeacherSettings};
 use crate::data::TeacherBatch;
 use crate::error::{Context, Error, Result};
@@ -34,11 +35,7 @@ pub struct Teacher<B: AutodiffBackend> {
     pub projection: Option<LearnableProjection<B>>,
 }
 
-impl<B> Teacher<B>
-where
-    B: AutodiffBackend + XTokenBackend,
-    B::InnerBackend: XTokenBackend,
-{
+impl<B: TrainBackend> Teacher<B> {
     /// Teacher `m` of the run: its loss, W and tables, and its model on `device`. `lead` prints
     /// what was chosen.
     pub fn load(

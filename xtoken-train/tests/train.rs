@@ -140,6 +140,29 @@ fn other_losses_and_text_formats() {
     }
 }
 
+/// P-KL with `projection.learnable = false`: W takes no optimizer step, stays in place over
+/// every step (it was once dropped after the first) and is still checkpointed.
+#[test]
+fn pkl_with_a_frozen_w_trains_every_step() {
+    let f = fixture("frozen");
+    let path = config(&f, "frozen", "[projection]\nlearnable = false");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("loss = \"auto\"", "loss = \"pkl\"")
+        .replace("steps = 6", "steps = 3");
+    std::fs::write(&path, text).unwrap();
+    ok(train(&path, &[]));
+    let run = f.dir.0.join("frozen");
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert_eq!(metrics.lines().count(), 4, "{metrics}");
+    let last = run.join("checkpoints/step-00000003");
+    assert!(last.join("w-digits.bin").exists());
+    assert!(
+        !last.join("w-optim-digits.bin").exists(),
+        "a frozen W has no optimizer"
+    );
+}
+
 #[test]
 fn bad_configurations_name_the_key() {
     let f = fixture("errors");
