@@ -12,11 +12,9 @@
 //!   gradient with respect to the student logits and the projection weights;
 //! - [`XTokenBackend::xt_cross_entropy`]: next-token cross-entropy and its gradient.
 //!
-//! **Chunks and slots.** The losses speak of *chunks*: aligned spans of student and teacher
-//! tokens. The kernels see a batch's chunks as *slots*: chunk `k` of sequence `b` is slot
-//! `b · K + k` of a `[B · K]` array (`K`: the most chunks of any sequence), and a slot with no
-//! predicting row (padding, or a chunk at position 0) is skipped. [`MergePlan`] is one side's
-//! slots.
+//! **Chunks and slots.** The losses speak of chunks, the kernels of slots: chunk `k` of
+//! sequence `b` is slot `b · K + k` of the batch ([`MergePlan`] is one side's slots); the words
+//! are defined in `docs/architecture.md`.
 //!
 //! Every backend gets the portable host implementation ([`host`]) through the trait's default
 //! methods: it copies one row chunk at a time with `into_data`, runs on all cores, and uploads
