@@ -42,6 +42,12 @@ impl MergePlan {
             .filter_map(|(slot, row)| row.map(|row| (slot, row)))
     }
 
+    /// Every row the merge reads: the predicting rows, then the continuation rows.
+    pub fn rows_read(&self) -> impl Iterator<Item = u32> + '_ {
+        let predicting = self.predict_row.iter().flatten().copied();
+        predicting.chain(self.continuation.iter().map(|&(row, _, _)| row))
+    }
+
     /// Checks every row and token against the logits' shape.
     pub fn check(&self, side: &'static str, rows: usize, vocab: usize) -> Result<(), KernelError> {
         if rows != self.rows {

@@ -100,10 +100,11 @@ impl<B: TrainBackend> Run<B> {
         let metrics = lead
             .then(|| MetricsLog::open(&config.output_dir.join("metrics.csv"), &names, state.step))
             .transpose()?;
+        let accum = config.grad_accum(worker.count)?;
         let loader = start_loader(&config, &inputs, &worker, state.loader)?;
         let t = &config.training;
         let last = options.stop_after.unwrap_or(t.steps).min(t.steps);
-        progress.start(&config, &state, last, worker.count)?;
+        progress.start(&config, &state, last, (accum, worker.count));
         Ok(Self {
             setup: LossSetup::of(&config)?,
             device,
@@ -364,7 +365,8 @@ fn restore<B: TrainBackend>(
     Ok(saved)
 }
 
-/// The background loader, positioned at `state`, taking this worker's rows of each batch.
+/// The background loader, positioned at `state`, taking this worker's rows of each batch (the
+/// batch shape already checked by `RunConfig::grad_accum`).
 fn start_loader(
     config: &RunConfig,
     inputs: &RunInputs,
@@ -372,7 +374,6 @@ fn start_loader(
     state: LoaderState,
 ) -> Result<Loader> {
     let t = &config.training;
-    config.grad_accum(worker.count)?;
     let packer = Packer::new(inputs.cache.clone(), config.seed, t.context_length, state)?;
     let shape = BatchShape {
         global: t.batch_size,
@@ -468,8 +469,8 @@ impl Progress {
         config: &RunConfig,
         state: &CheckpointState,
         last: u64,
-        workers: usize,
-    ) -> Result<()> {
+        (accum, workers): (usize, usize),
+    ) {
         self.bar.set_position(state.step);
         let t = &config.training;
         if self.lead {
@@ -480,10 +481,9 @@ impl Progress {
                 t.batch_size,
                 t.context_length,
                 t.micro_batch,
-                config.grad_accum(workers)?,
+                accum,
             );
         }
-        Ok(())
     }
 
     /// Moves the bar; off a terminal, prints the step's line when `due`.

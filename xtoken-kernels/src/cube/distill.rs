@@ -221,10 +221,8 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
             grad_logits: self.grad,
             grad_weights,
         };
-        let merge = &self.spec.merge;
-        let mut rows: Vec<u32> = merge.predict_row.iter().flatten().copied().collect();
-        rows.extend(merge.continuation.iter().map(|&(row, _, _)| row));
-        finish::<B, R>(output, self.bad, rows.into_iter(), self.spec.loss.name())
+        let rows = self.spec.merge.rows_read();
+        finish::<B, R>(output, self.bad, rows, self.spec.loss.name())
     }
 
     /// The merge's backward: each continuation row reading token `x` for slot `c` gets

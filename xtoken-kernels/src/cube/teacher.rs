@@ -86,9 +86,7 @@ pub(super) fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
             float_dtype(&z),
         );
     }
-    let mut read: Vec<u32> = spec.merge.predict_row.iter().flatten().copied().collect();
-    read.extend(spec.merge.continuation.iter().map(|&(row, _, _)| row));
-    check_rows::<B, R>(bad, read.into_iter(), "teacher")?;
+    check_rows::<B, R>(bad, spec.merge.rows_read(), "teacher")?;
     let confidence = match next {
         None => None,
         Some(rows) => Some(confidence::<B, R>(&launcher, &z, &rows, (n, v))?),

@@ -4,9 +4,9 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use super::distill::{loss_to_device, HostLoss};
+use super::distill::{on_tensor_rows, HostLoss};
 use super::merge::{finite, softmax_into};
-use super::rows::{float3, par_items, GradRows, LogitRows, TensorRows};
+use super::rows::{par_items, GradRows, LogitRows};
 use crate::checks::{checked_targets, finite_loss};
 use crate::error::KernelError;
 use crate::LossOutput;
@@ -18,15 +18,9 @@ pub fn cross_entropy<B: Backend>(
     row_chunk: usize,
     want_grad: bool,
 ) -> Result<LossOutput<B>, KernelError> {
-    let tensor = float3::<B>(logits.clone());
-    let src = TensorRows::<B>::new(logits);
-    let host = cross_entropy_from(&src, targets, row_chunk, want_grad)?;
-    Ok(loss_to_device(
-        host,
-        tensor.dims(),
-        tensor.dtype(),
-        &tensor.device(),
-    ))
+    on_tensor_rows(logits, |src| {
+        cross_entropy_from(src, targets, row_chunk, want_grad)
+    })
 }
 
 /// Cross-entropy from rows of the logits; `targets[row]` is the token `row` predicts (`-1`:

@@ -88,9 +88,19 @@ pub fn distill<B: Backend>(
     spec: &DistillSpec,
     want: GradRequest,
 ) -> Result<LossOutput<B>, KernelError> {
+    on_tensor_rows(logits, |src| {
+        distill_from(src, teacher, projection, spec, want)
+    })
+}
+
+/// Evaluates `f` on logits `[B, T, V]` of any backend, read one row chunk at a time, and
+/// uploads its result in the logits' dtype, on their device.
+pub(super) fn on_tensor_rows<B: Backend>(
+    logits: FloatTensor<B>,
+    f: impl FnOnce(&TensorRows<B>) -> Result<HostLoss, KernelError>,
+) -> Result<LossOutput<B>, KernelError> {
     let tensor = float3::<B>(logits.clone());
-    let src = TensorRows::<B>::new(logits);
-    let host = distill_from(&src, teacher, projection, spec, want)?;
+    let host = f(&TensorRows::<B>::new(logits))?;
     Ok(loss_to_device(
         host,
         tensor.dims(),
