@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use support::tokenizers_dir;
 
 use proptest::prelude::*;
-use xtoken::core::align::{greedy, AlignParams, Aligner, Alignment, ChunkKind};
+use xtoken::core::align::{greedy, AlignParams, Aligner, Alignment, Chunk, ChunkKind, Positions};
 use xtoken::core::cache::{AlignCache, CacheMetadata, CacheWriter, TokenizerRecord};
 use xtoken::core::plan::{BatchPlan, ChunkPlan, MergeVariant, PlanItem};
 use xtoken::core::vocab::{TokenKind, Vocabulary};
@@ -97,10 +97,12 @@ fn check_invariants(
         }
         let s = &s_bytes[s_off[sr.start] as usize..s_off[sr.end] as usize];
         let t = &t_bytes[t_off[tr.start] as usize..t_off[tr.end] as usize];
-        assert_eq!(
-            String::from_utf8_lossy(s),
-            String::from_utf8_lossy(t),
-            "two-sided chunk {c:?} spells different text"
+        // Raw bytes: a lossy UTF-8 view turns any two partial characters into the same U+FFFD.
+        assert!(
+            s == t,
+            "two-sided chunk {c:?} spells different bytes: student \"{}\", teacher \"{}\"",
+            s.escape_ascii(),
+            t.escape_ascii()
         );
     }
     assert_eq!(
@@ -125,6 +127,48 @@ fn aligned_text_positions(a: &Alignment, ids: &[u32]) -> usize {
         .flat_map(|c| c.student.range())
         .filter(|&p| is_text(ids[p]))
         .count()
+}
+
+/// The first text token of `vocab` whose bytes are `bytes`.
+fn byte_token(vocab: &Vocabulary, bytes: &[u8]) -> u32 {
+    let found = vocab.tokens().iter().position(|t| &*t.bytes == bytes);
+    found.unwrap_or_else(|| panic!("no token spells {bytes:?}")) as u32
+}
+
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn the_invariant_check_sees_split_characters() {
+    // Two different halves of CJK characters (日 = E6 97 A5, 期 = E6 9C 9F): as lossy UTF-8
+    // both read "\u{FFFD}", as bytes they differ. A chunk pairing them must fail the check.
+    let v = vocabs();
+    let student = vec![byte_token(&v.llama3, &[0xE6, 0x97])];
+    let teacher = vec![byte_token(&v.qwen3, &[0xE6, 0x9C])];
+    assert_eq!(
+        String::from_utf8_lossy(&[0xE6, 0x97]),
+        String::from_utf8_lossy(&[0xE6, 0x9C])
+    );
+    let (_, _, al, _) = &aligners()[0];
+    let wrong = Alignment {
+        chunks: vec![Chunk {
+            student: Positions { start: 0, len: 1 },
+            teacher: Positions { start: 0, len: 1 },
+            kind: ChunkKind::Match,
+        }],
+        student_len: 1,
+        teacher_len: 1,
+        score: 3.0,
+        band_bytes: 16,
+        band_edge_reached: false,
+    };
+    let caught =
+        std::panic::catch_unwind(|| check_invariants(al, &wrong, &student, &teacher, &v.qwen3));
+    assert!(
+        caught.is_err(),
+        "a chunk of two different partial characters passed"
+    );
+    // The aligner itself leaves them unaligned.
+    let found = al.align(&student, &teacher).unwrap();
+    assert_eq!(found.aligned().count(), 0, "{:?}", found.chunks);
 }
 
 #[test]

@@ -198,6 +198,12 @@ fn in_place_output<B: Backend>(found: host::HostLoss, src: &host::SliceRows<'_>)
 
 use burn::backend::ndarray::NdArrayTensor;
 
+/// Whether the kernels read these ndarray logits in place (contiguous f32); other layouts and
+/// dtypes take the portable row copies.
+pub fn ndarray_reads_in_place(logits: &NdArrayTensor) -> bool {
+    ndarray_rows(logits).is_some()
+}
+
 /// The f32 data of a contiguous `[B, T, V]` ndarray tensor, borrowed.
 fn ndarray_rows(t: &NdArrayTensor) -> Option<host::SliceRows<'_>> {
     match t {

@@ -255,14 +255,8 @@ fn evaluate<B: XTokenBackend>(
 }
 
 fn assert_close(what: &str, device: &[f32], host: &[f32], rel: f32) {
-    assert_eq!(device.len(), host.len(), "{what}: lengths");
-    let scale = host.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    for (i, (a, b)) in device.iter().zip(host).enumerate() {
-        assert!(
-            a.is_finite() && (a - b).abs() <= rel * scale + 1e-9,
-            "{what}[{i}]: device {a} vs host {b} (scale {scale})"
-        );
-    }
+    let scale = xtoken_testkit::max_abs(what, host);
+    xtoken_testkit::assert_close(what, device, host, rel as f64 * scale + 1e-9, 0.0);
 }
 
 fn compare(case: &Case) {

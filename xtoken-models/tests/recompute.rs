@@ -75,11 +75,9 @@ fn compare(case: &str, padded: bool) {
             b.as_ref()
                 .unwrap_or_else(|| panic!("{case}: parameter {i} lost its gradient")),
         );
-        let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);
-        let worst = a
-            .iter()
-            .zip(b)
-            .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+        let what = format!("{case}: parameter {i} gradient");
+        let scale = xtoken_testkit::max_abs(&what, a).max(1e-6);
+        let worst = xtoken_testkit::max_abs_diff(&what, a, b);
         assert!(
             worst <= 1e-4 * scale,
             "{case}: parameter {i}: max |Δ| {worst} (scale {scale})"

@@ -52,19 +52,11 @@ fn two_workers_match_one_worker_on_the_combined_batch() {
     let a = parameters(&f.dir.0.join("single/student"));
     let b = parameters(&f.dir.0.join("parallel/student"));
     assert_eq!(a.len(), b.len());
-    let worst = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
+    let worst = xtoken_testkit::max_abs_diff("single vs parallel parameters", &a, &b);
     assert!(worst < 1e-5, "largest difference {worst}");
     // The weights moved: the comparison is not between two untouched models.
     let start = parameters(&f.student);
-    let moved = a
-        .iter()
-        .zip(&start)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
+    let moved = xtoken_testkit::max_abs_diff("trained vs initial parameters", &a, &start);
     assert!(moved > 1e-4, "{moved}");
 
     // Both wrote the same metrics (the parallel run's averaged over its workers).
@@ -76,7 +68,12 @@ fn two_workers_match_one_worker_on_the_combined_batch() {
             .map(|l| l.split(',').take(9).map(|v| v.parse().unwrap()).collect())
             .collect()
     };
-    for (x, y) in rows("single").iter().zip(rows("parallel")) {
+    let (single_rows, parallel_rows) = (rows("single"), rows("parallel"));
+    assert_eq!(single_rows.len(), 4, "one metrics row per step");
+    assert_eq!(parallel_rows.len(), single_rows.len());
+    for (x, y) in single_rows.iter().zip(parallel_rows) {
+        assert_eq!(x.len(), 9, "{x:?}");
+        assert_eq!(y.len(), x.len(), "{y:?}");
         for (u, v) in x.iter().zip(&y) {
             assert!((u - v).abs() <= 1e-5 * u.abs().max(1.0), "{x:?} vs {y:?}");
         }

@@ -417,3 +417,168 @@ proptest! {
         prop_assert!(banded.score <= full.score);
     }
 }
+
+// ------------------------------------------------- an independent reference: every path
+
+/// One move of the paper's recurrence from cell `(i, j)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Move {
+    /// Diagonal: `+α_exact` for equal tokens (a match chunk), `−α_exact` otherwise.
+    Diagonal,
+    /// Student token `i` equals the next `k` teacher tokens (`2 ≤ k ≤ L`).
+    OneToMany(usize),
+    /// The next `k` student tokens equal teacher token `j`.
+    ManyToOne(usize),
+    GapStudent,
+    GapTeacher,
+}
+
+/// The paper's scores, read from the recurrence as written: a combination is a move only where
+/// its indicator holds (with the indicator 0 it would score 0, more than the gaps it replaces,
+/// so the recurrence can only mean the move is unavailable).
+struct Paper<'a> {
+    params: AlignParams,
+    student: Vec<&'a [u8]>,
+    teacher: Vec<&'a [u8]>,
+}
+
+impl Paper<'_> {
+    /// The moves available at `(i, j)`, with their scores and whether they pair tokens.
+    fn moves(&self, i: usize, j: usize) -> Vec<(Move, f64, bool)> {
+        let (n, m) = (self.student.len(), self.teacher.len());
+        let p = &self.params;
+        let mut out = Vec::new();
+        if i < n && j < m {
+            let equal = self.student[i] == self.teacher[j];
+            let score = if equal { p.alpha_exact } else { -p.alpha_exact };
+            out.push((Move::Diagonal, score, equal));
+        }
+        for k in 2..=p.max_span {
+            if i < n && j + k <= m && self.student[i] == self.teacher[j..j + k].concat() {
+                out.push((Move::OneToMany(k), p.alpha_comb * k as f64, true));
+            }
+            if j < m && i + k <= n && self.student[i..i + k].concat() == self.teacher[j] {
+                out.push((Move::ManyToOne(k), p.alpha_comb * k as f64, true));
+            }
+        }
+        if i < n {
+            out.push((Move::GapStudent, p.alpha_gap, false));
+        }
+        if j < m {
+            out.push((Move::GapTeacher, p.alpha_gap, false));
+        }
+        out
+    }
+
+    /// The best score of every path from `(i, j)` to the end, enumerated move by move (no
+    /// memo: exponential, for short sequences only). With `pairs`, only paths whose two-sided
+    /// chunks are exactly those, in order, count (`None`: no such path).
+    fn best(&self, i: usize, j: usize, pairs: Option<&[Chunk]>) -> Option<f64> {
+        if (i, j) == (self.student.len(), self.teacher.len()) {
+            return pairs.is_none_or(|p| p.is_empty()).then_some(0.0);
+        }
+        let mut best: Option<f64> = None;
+        for (mv, score, pairing) in self.moves(i, j) {
+            let (di, dj) = match mv {
+                Move::Diagonal => (1, 1),
+                Move::OneToMany(k) => (1, k),
+                Move::ManyToOne(k) => (k, 1),
+                Move::GapStudent => (1, 0),
+                Move::GapTeacher => (0, 1),
+            };
+            let rest = match pairs {
+                None => None,
+                Some(p) => {
+                    let next = p.first();
+                    let here = Positions::new(i, i + di)
+                        == next.map_or(Positions::new(0, 0), |c| c.student)
+                        && Positions::new(j, j + dj)
+                            == next.map_or(Positions::new(0, 0), |c| c.teacher);
+                    match (pairing, here) {
+                        (true, true) => Some(&p[1..]),
+                        (true, false) => continue,
+                        // An unpaired move may not run into the next chunk's positions.
+                        (false, _) => match next {
+                            Some(c)
+                                if i + di > c.student.start as usize
+                                    || j + dj > c.teacher.start as usize =>
+                            {
+                                continue
+                            }
+                            _ => Some(p),
+                        },
+                    }
+                }
+            };
+            if let Some(tail) = self.best(i + di, j + dj, rest) {
+                let total = score + tail;
+                best = Some(best.map_or(total, |b: f64| b.max(total)));
+            }
+        }
+        best
+    }
+}
+
+/// Short pieces over a tiny alphabet, so that equal tokens and combinations are frequent.
+fn pieces() -> impl Strategy<Value = Vec<Vec<u8>>> {
+    let piece = prop::sample::select(vec!["a", "b", "ab", "ba", "aa", "abb", "é"]);
+    prop::collection::vec(piece.prop_map(|p| p.as_bytes().to_vec()), 0..6)
+}
+
+/// Scores of the paper's shape (a gap costs, matches and combinations pay), in exact halves.
+fn params() -> impl Strategy<Value = AlignParams> {
+    (1u8..=8, 1u8..=6, 1u8..=6, 2usize..=4).prop_map(|(exact, comb, gap, max_span)| AlignParams {
+        alpha_exact: exact as f64 / 2.0,
+        alpha_comb: comb as f64 / 2.0,
+        alpha_gap: -(gap as f64) / 2.0,
+        max_span,
+        ..AlignParams::default()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// The DP's score is the best score over every path of the paper's recurrence, and the
+    /// chunks it returns are the pairs of a path reaching that score.
+    #[test]
+    fn the_dp_finds_the_best_of_every_path(
+        student_pieces in pieces(),
+        teacher_pieces in pieces(),
+        recut in any::<bool>(),
+        seed in prop::collection::vec(any::<u8>(), 1..8),
+        params in params(),
+    ) {
+        // Half the cases: the teacher encodes the student's text, cut elsewhere (3 bytes at
+        // most per token, at most 6 tokens, so every path can be enumerated).
+        let teacher_pieces = if recut {
+            let text = student_pieces.concat();
+            let mut cut = Vec::new();
+            let (mut at, mut k) = (0, 0);
+            while at < text.len() {
+                let end = (at + 1 + seed[k % seed.len()] as usize % 3).min(text.len());
+                cut.push(text[at..end].to_vec());
+                (at, k) = (end, k + 1);
+            }
+            cut
+        } else {
+            teacher_pieces
+        };
+        prop_assume!(teacher_pieces.len() <= 6);
+        let (mut s, mut t) = (Synth::new(), Synth::new());
+        let student: Vec<u32> = student_pieces.iter().map(|p| s.id(p, false)).collect();
+        let teacher: Vec<u32> = teacher_pieces.iter().map(|p| t.id(p, false)).collect();
+        let al = aligner(&s, &t, params);
+        let paper = Paper {
+            params,
+            student: student_pieces.iter().map(Vec::as_slice).collect(),
+            teacher: teacher_pieces.iter().map(Vec::as_slice).collect(),
+        };
+        let best = paper.best(0, 0, None).expect("the all-gaps path");
+        for a in [al.align_exhaustive(&student, &teacher).unwrap(), al.align(&student, &teacher).unwrap()] {
+            prop_assert_eq!(a.score, best);
+            let pairs: Vec<Chunk> = a.aligned().copied().collect();
+            prop_assert_eq!(paper.best(0, 0, Some(&pairs)), Some(best), "chunks {:?}", a.chunks);
+        }
+    }
+}

@@ -64,8 +64,21 @@ pub fn expected(case: &str) -> Vec<Expected> {
         .collect()
 }
 
+/// The largest |logit| of HF's over every input of `case`: the scale rounding errors are
+/// measured against.
+pub fn max_logit(case: &str) -> f64 {
+    expected(case)
+        .into_iter()
+        .map(|input| {
+            let logits = input.logits.into_vec::<f32>().unwrap();
+            xtoken_testkit::max_abs(&format!("{case}/{} logits", input.name), &logits)
+        })
+        .fold(0.0, f64::max)
+}
+
 /// Max |Δ| between our logits and HF's over every input of `case`, for a loaded `model` on
-/// any backend (logits of any float dtype are compared in f32).
+/// any backend (logits of any float dtype are compared in f32); panics on a logit that is not
+/// finite.
 pub fn worst_difference<B: Backend>(model: &Transformer<B>, case: &str) -> f32 {
     let device = model.embed_tokens.weight.device();
     let mut worst = 0.0f32;
@@ -88,11 +101,8 @@ pub fn worst_difference<B: Backend>(model: &Transformer<B>, case: &str) -> f32 {
             .into_vec::<f32>()
             .unwrap();
         let theirs = input.logits.into_vec::<f32>().unwrap();
-        let diff = ours
-            .iter()
-            .zip(&theirs)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let what = format!("{case}/{} logits", input.name);
+        let diff = xtoken_testkit::max_abs_diff(&what, &ours, &theirs) as f32;
         eprintln!(
             "{} {case}/{}: max |Δ| = {diff:.2e}",
             B::name(&device),
