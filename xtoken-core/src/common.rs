@@ -1,6 +1,11 @@
 //! The common set C of token pairs that the hybrid losses supervise with direct KL: GOLD's strict
-//! 1-to-1 set (paper Eq. "gold_common") and H-KL's relaxed set, extended through W's top-1; and
-//! [`CommonTables`], the set as the partner tables the fused losses read.
+//! 1-to-1 set (paper Eq. "gold_common") and H-KL's relaxed set, extended through W's top-1 (many
+//! student tokens may share one teacher token); and [`CommonTables`], the set as the partner
+//! tables the fused losses read.
+//!
+//! In both, a student token has at most one partner, `U_S` is the student tokens in no pair and
+//! `U_T` the teacher tokens in no pair: a teacher token in C only through relaxed pairs is
+//! supervised by their KL terms and is not also ranked in the sorted L1.
 
 use std::sync::Arc;
 
@@ -11,7 +16,8 @@ use crate::matching::{ExactMatcher, Partners};
 use crate::projection::SparseProjection;
 use crate::vocab::Vocabulary;
 
-/// A 1-to-1 set of `(student id, teacher id)` pairs: no student and no teacher id occurs twice.
+/// A set of `(student id, teacher id)` pairs in which no student id occurs twice; GOLD's strict
+/// set is also 1-to-1 on the teacher side, H-KL's relaxed set need not be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommonSet {
     pairs: Vec<(u32, u32)>,
@@ -42,50 +48,34 @@ impl CommonSet {
         Self::from_pairs(pairs, student.size())
     }
 
-    /// H-KL's relaxed set: the strict set extended by `(s, argmax_t W[s,t])` for every student row
-    /// not yet in it whose top entry is non-zero. Strict pairs keep priority; a teacher token
-    /// claimed by several rows goes to the heaviest `W[s,t]` (ties: the lowest student id).
+    /// H-KL's relaxed set (paper §"H-KL: Relaxing the 1-to-1 Matching"): the strict set, plus
+    /// `(s, argmax_t W[s,t])` for every student token `s` not in it whose top entry is
+    /// non-zero. Several student tokens may share a teacher token, including one that has a
+    /// strict partner (the paper pairs `Hundreds` with `Hund` although `Hund` has its own).
+    /// Strict pairs are kept as they are: a student token with an exact partner keeps it.
     pub fn relaxed(strict: &CommonSet, w: &SparseProjection) -> Self {
-        let mut claimed: std::collections::HashMap<u32, (f32, u32)> =
-            std::collections::HashMap::new();
-        let taken: std::collections::HashSet<u32> = strict.pairs.iter().map(|&(_, t)| t).collect();
-        for s in 0..w.student_vocab_size() as u32 {
-            if strict.contains_student(s) {
-                continue;
-            }
-            let Some((t, weight)) = w.top1(s) else {
-                continue;
-            };
-            if taken.contains(&t) {
-                continue;
-            }
-            let entry = claimed.entry(t).or_insert((weight, s));
-            if weight > entry.0 {
-                *entry = (weight, s);
-            }
-        }
         let mut pairs = strict.pairs.clone();
-        pairs.extend(claimed.into_iter().map(|(t, (_, s))| (s, t)));
+        pairs.extend((0..w.student_vocab_size() as u32).filter_map(|s| {
+            let (t, _) = w.top1(s).filter(|_| !strict.contains_student(s))?;
+            Some((s, t))
+        }));
         pairs.sort_unstable();
         Self::from_pairs(pairs, w.student_vocab_size().max(strict.student_in.len()))
     }
 
     /// A set from explicit pairs over a student vocabulary of `student_size` ids; refuses a
-    /// student or teacher id that occurs twice or a student id past the vocabulary.
+    /// student id that occurs twice or lies past the vocabulary. Teacher ids may repeat.
     pub fn new(mut pairs: Vec<(u32, u32)>, student_size: usize) -> Result<Self> {
         pairs.sort_unstable();
-        let mut teachers: Vec<u32> = pairs.iter().map(|&(_, t)| t).collect();
-        teachers.sort_unstable();
-        let repeated_student = pairs.windows(2).find(|w| w[0].0 == w[1].0).map(|w| w[0].0);
-        let repeated_teacher = teachers.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
-        if let Some((side, id)) = repeated_student
-            .map(|s| ("student", s))
-            .or(repeated_teacher.map(|t| ("teacher", t)))
-        {
+        pairs.dedup();
+        if let Some(w) = pairs.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(Error::BadParameter {
                 name: "common set",
-                value: format!("{side} id {id} in two pairs"),
-                why: "the common set must be 1-to-1",
+                value: format!(
+                    "student id {} in two pairs (teachers {} and {})",
+                    w[0].0, w[0].1, w[1].1
+                ),
+                why: "a student token has at most one partner",
             });
         }
         if let Some(&(s, _)) = pairs.iter().find(|&&(s, _)| s as usize >= student_size) {
@@ -158,10 +148,7 @@ impl CommonTables {
     }
 
     pub(crate) fn pairs_for(&self, student: usize, teacher: usize) -> Result<Arc<CommonPairs>> {
-        let found = (
-            self.pairs.student_partner.len(),
-            self.pairs.teacher_partner.len(),
-        );
+        let found = (self.pairs.student_partner.len(), self.pairs.teacher_vocab());
         if found != (student, teacher) {
             return Err(Error::Shape {
                 what: "common set tables",
@@ -178,18 +165,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn relaxed_keeps_strict_pairs_and_gives_contested_tokens_to_the_heaviest() {
-        let strict = CommonSet::from_pairs(vec![(0, 0)], 4);
+    fn relaxed_pairs_every_row_with_its_top_1_and_keeps_strict_pairs() {
+        let strict = CommonSet::from_pairs(vec![(0, 0)], 5);
         let rows = vec![
-            vec![(0, 1.0)],           // strict pair
-            vec![(0, 1.0)],           // wants teacher 0, already taken by the strict pair
-            vec![(1, 0.6), (2, 0.4)], // top-1 teacher 1 with 0.6
-            vec![(1, 0.9), (3, 0.1)], // top-1 teacher 1 with 0.9: wins
+            vec![(2, 0.7), (0, 0.3)], // strict pair: kept, although W's top-1 is teacher 2
+            vec![(0, 1.0)],           // shares teacher 0 with the strict pair ("Hundreds" → "Hund")
+            vec![(1, 0.6), (2, 0.4)], // top-1 teacher 1
+            vec![(1, 0.9), (3, 0.1)], // top-1 teacher 1 as well: both pairs are kept
+            vec![],                   // an empty row adds nothing
         ];
         let w = SparseProjection::from_rows(&rows, 4, 4, None).unwrap();
         let relaxed = CommonSet::relaxed(&strict, &w);
-        assert_eq!(relaxed.pairs(), &[(0, 0), (3, 1)]);
-        let teachers: std::collections::HashSet<_> = relaxed.pairs().iter().map(|p| p.1).collect();
-        assert_eq!(teachers.len(), relaxed.len(), "1-to-1");
+        assert_eq!(relaxed.pairs(), &[(0, 0), (1, 0), (2, 1), (3, 1)]);
+        assert!(!relaxed.contains_student(4));
+        // The kernels' tables group the shared teacher tokens' partners.
+        let tables = CommonTables::new(&relaxed, 5, 4).unwrap();
+        let pairs = tables.pairs_for(5, 4).unwrap();
+        assert_eq!(pairs.students_of(0), &[0, 1]);
+        assert_eq!(pairs.students_of(1), &[2, 3]);
+        assert!(pairs.students_of(2).is_empty() && pairs.students_of(3).is_empty());
+    }
+
+    #[test]
+    fn a_student_token_with_two_partners_is_refused() {
+        let err = CommonSet::new(vec![(1, 0), (1, 2)], 4).unwrap_err();
+        assert!(
+            err.to_string().contains("student id 1 in two pairs"),
+            "{err}"
+        );
+        assert!(CommonSet::new(vec![(1, 0), (2, 0)], 4).is_ok());
     }
 }

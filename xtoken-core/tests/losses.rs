@@ -697,34 +697,115 @@ fn hkl_with_exact_only_w_equals_gold() {
     assert_eq!(value(&h), value(&g));
 }
 
+/// W's rows for the H-KL tests, as plain lists: a distinct heaviest teacher token per row, and
+/// most rows share it with others (teacher 0, the strict partner of student 0, and teacher 5);
+/// every fifth row is empty.
+fn shared_top1_rows(rng: &mut Rng, vs: usize, vt: usize) -> Vec<Vec<(u32, f64)>> {
+    (0..vs)
+        .map(|s| {
+            if s % 5 == 4 {
+                return Vec::new();
+            }
+            let top = [0, 5, rng.below(vt)][s % 3];
+            let mut row = vec![(top as u32, 5.0 + rng.below(5) as f64)];
+            for _ in 0..rng.below(4) {
+                let t = rng.below(vt) as u32;
+                if row.iter().all(|&(u, _)| u != t) {
+                    row.push((t, 0.5 + rng.below(8) as f64 / 2.0));
+                }
+            }
+            row
+        })
+        .collect()
+}
+
+/// The relaxed set as the paper defines it, from W's rows and the strict pairs alone: strict
+/// pairs as they are, and every other student token with a non-empty row paired with its
+/// heaviest teacher token, whoever else is paired with that token.
+fn paper_relaxed(strict: &[(usize, usize)], rows: &[Vec<(u32, f64)>]) -> Vec<(usize, usize)> {
+    let mut pairs = strict.to_vec();
+    for (s, row) in rows.iter().enumerate() {
+        if strict.iter().any(|&(p, _)| p == s) {
+            continue;
+        }
+        let heaviest = row
+            .iter()
+            .fold(None, |best: Option<(u32, f64)>, &(t, w)| match best {
+                Some((_, b)) if b >= w => best,
+                _ => Some((t, w)),
+            });
+        if let Some((t, _)) = heaviest {
+            pairs.push((s, t as usize));
+        }
+    }
+    pairs
+}
+
+#[test]
+fn hkl_matches_the_reference_on_the_papers_relaxed_set() {
+    let (vs, vt) = (12, 10);
+    let strict = vec![(0, 0), (1, 1)];
+    let w = std::cell::RefCell::new(None);
+    check(
+        vs,
+        vt,
+        |rng| {
+            let rows = shared_top1_rows(rng, vs, vt);
+            let pairs = paper_relaxed(&strict, &rows);
+            // Many-to-one: teacher 0 has its strict partner and relaxed ones, teacher 5 several.
+            assert!(pairs.iter().filter(|p| p.1 == 0).count() >= 2, "{pairs:?}");
+            assert!(pairs.iter().filter(|p| p.1 == 5).count() >= 2, "{pairs:?}");
+            *w.borrow_mut() = Some(SparseProjection::from_rows(&rows, vt, 4, None).unwrap());
+            Ref::Hybrid(pairs, 1.0, 1.0)
+        },
+        |_, s, t, _, p| {
+            let w = w.borrow();
+            let tables = hkl::tables(&common_set(&strict, vs), w.as_ref().unwrap(), vs, vt);
+            hkl::loss(s, t, &tables.unwrap(), p).unwrap()
+        },
+    );
+}
+
 #[test]
 fn hkl_relaxed_set_changes_the_loss_when_w_adds_pairs() {
-    let (vs, vt) = (8, 10);
+    let (vs, vt) = (12, 10);
     let case = case(6, vs, vt);
-    let strict = common_set(&[(0, 0), (1, 1)], vs);
-    let w = random_projection(&mut Rng(4), vs, vt);
-    let relaxed = hkl::tables(&strict, &w, vs, vt).unwrap();
-    assert!(relaxed.len() > 2);
-    let pairs = CommonSet::relaxed(&strict, &w)
-        .pairs()
-        .iter()
-        .map(|&(s, t)| (s as usize, t as usize))
-        .collect();
+    let strict = vec![(0, 0), (1, 1)];
+    let rows = shared_top1_rows(&mut Rng(4), vs, vt);
+    let w = SparseProjection::from_rows(&rows, vt, 4, None).unwrap();
+    let relaxed = hkl::tables(&common_set(&strict, vs), &w, vs, vt).unwrap();
+    let pairs = paper_relaxed(&strict, &rows);
+    assert_eq!(relaxed.len(), pairs.len());
     let params = LossParams::default();
     let plan = case.batch_plan(MergeVariant::FirstToken);
     let targets = TeacherTargets::new(case.teacher_tensor(), &plan, &params).unwrap();
-    let got = hkl::loss(case.student_tensor(), &targets, &relaxed, &params).unwrap();
     let student: Vec<f64> = case.student.iter().map(|&x| x as f64).collect();
-    let want = reference(
-        &case,
-        &student,
-        &Ref::Hybrid(pairs, 1.0, 1.0),
-        MergeVariant::FirstToken,
-        1.0,
-        vt,
-        params.eps,
+    let reference = |pairs: Vec<(usize, usize)>| {
+        let hybrid = Ref::Hybrid(pairs, 1.0, 1.0);
+        reference(
+            &case,
+            &student,
+            &hybrid,
+            MergeVariant::FirstToken,
+            1.0,
+            vt,
+            params.eps,
+        )
+    };
+    let h = value(&hkl::loss(case.student_tensor(), &targets, &relaxed, &params).unwrap());
+    let strict_tables = CommonTables::new(&common_set(&strict, vs), vs, vt).unwrap();
+    let g = value(&gold::loss(case.student_tensor(), &targets, &strict_tables, &params).unwrap());
+    let (want_h, want_g) = (reference(pairs), reference(strict));
+    assert!(
+        (h - want_h).abs() < 1e-5 * (1.0 + want_h),
+        "H-KL {h} vs {want_h}"
     );
-    assert!((value(&got) - want).abs() < 1e-5 * (1.0 + want));
+    assert!(
+        (g - want_g).abs() < 1e-5 * (1.0 + want_g),
+        "GOLD {g} vs {want_g}"
+    );
+    // The relaxed pairs move the loss far beyond rounding.
+    assert!((h - g).abs() > 1e-2 * (1.0 + g), "H-KL {h} and GOLD {g}");
 }
 
 #[test]

@@ -101,28 +101,33 @@ impl MergePlan {
     }
 }
 
-/// The common set C of the hybrid losses as two partner tables (`-1`: no partner).
+/// The common set C of the hybrid losses as partner tables. A student id has at most one teacher
+/// partner; a teacher id may have several student partners (H-KL's relaxed set pairs every
+/// student token with its top-1 teacher token under W, so several may share one).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommonPairs {
-    /// Per student id: its teacher partner.
+    /// Per student id: its teacher partner (`-1`: none).
     pub student_partner: Vec<i32>,
-    /// Per teacher id: its student partner.
-    pub teacher_partner: Vec<i32>,
+    /// Per teacher id `t`: its student partners are
+    /// `teacher_students[teacher_first[t]..teacher_first[t + 1]]` (`V_T + 1` offsets).
+    pub teacher_first: Vec<i32>,
+    /// The student partners of every teacher id, grouped by teacher id, ascending within a group.
+    pub teacher_students: Vec<i32>,
 }
 
 impl CommonPairs {
-    /// Builds the tables from 1-to-1 pairs; a repeated id on either side is an error.
+    /// Builds the tables from pairs; a student id in two pairs, or an id past its vocabulary,
+    /// is an error.
     pub fn new(
         pairs: &[(u32, u32)],
         student_vocab: usize,
         teacher_vocab: usize,
     ) -> Result<Self, KernelError> {
         let mut student_partner = vec![-1; student_vocab];
-        let mut teacher_partner = vec![-1; teacher_vocab];
         for &(s, t) in pairs {
-            let (Some(sp), Some(tp)) = (
+            let (Some(sp), true) = (
                 student_partner.get_mut(s as usize),
-                teacher_partner.get_mut(t as usize),
+                (t as usize) < teacher_vocab,
             ) else {
                 return Err(KernelError::IndexOutOfRange {
                     what: "common set",
@@ -131,33 +136,66 @@ impl CommonPairs {
                     size: student_vocab.min(teacher_vocab),
                 });
             };
-            if *sp >= 0 || *tp >= 0 {
+            if *sp >= 0 {
                 return Err(KernelError::Invalid {
                     what: "common set",
-                    why: format!("pair ({s}, {t}) repeats an id: the set must be 1-to-1"),
+                    why: format!(
+                        "student id {s} is in two pairs (teachers {} and {t}): a student token \
+                         has at most one partner",
+                        *sp
+                    ),
                 });
             }
             *sp = t as i32;
-            *tp = s as i32;
         }
-        Ok(Self {
+        Ok(Self::from_student_partners(student_partner, teacher_vocab))
+    }
+
+    /// The teacher-side groups from the student-side table (a counting sort by teacher id).
+    fn from_student_partners(student_partner: Vec<i32>, teacher_vocab: usize) -> Self {
+        let mut teacher_first = vec![0i32; teacher_vocab + 1];
+        for &t in student_partner.iter().filter(|&&t| t >= 0) {
+            teacher_first[t as usize + 1] += 1;
+        }
+        for t in 0..teacher_vocab {
+            teacher_first[t + 1] += teacher_first[t];
+        }
+        let mut next = teacher_first.clone();
+        let mut teacher_students = vec![0i32; teacher_first[teacher_vocab] as usize];
+        for (s, &t) in student_partner.iter().enumerate() {
+            if t >= 0 {
+                teacher_students[next[t as usize] as usize] = s as i32;
+                next[t as usize] += 1;
+            }
+        }
+        Self {
             student_partner,
-            teacher_partner,
-        })
+            teacher_first,
+            teacher_students,
+        }
+    }
+
+    /// The student partners of teacher id `t` (empty when `t` is not in C).
+    pub fn students_of(&self, t: usize) -> &[i32] {
+        let (a, b) = (self.teacher_first[t], self.teacher_first[t + 1]);
+        &self.teacher_students[a as usize..b as usize]
+    }
+
+    /// `V_T`, the teacher width the tables were built for.
+    pub fn teacher_vocab(&self) -> usize {
+        self.teacher_first.len().saturating_sub(1)
     }
 
     /// Checks the tables against the logits' widths.
     pub fn check(&self, student_vocab: usize, teacher_vocab: usize) -> Result<(), KernelError> {
-        if self.student_partner.len() != student_vocab
-            || self.teacher_partner.len() != teacher_vocab
-        {
+        if self.student_partner.len() != student_vocab || self.teacher_vocab() != teacher_vocab {
             return Err(KernelError::Shape {
                 what: "common set",
                 expected: format!("tables of {student_vocab} and {teacher_vocab} entries"),
                 found: format!(
                     "{} and {}",
                     self.student_partner.len(),
-                    self.teacher_partner.len()
+                    self.teacher_vocab()
                 ),
             });
         }
@@ -166,10 +204,7 @@ impl CommonPairs {
 
     /// No common pairs: every token is in the remainders (plain ULD).
     pub fn none(student_vocab: usize, teacher_vocab: usize) -> Self {
-        Self {
-            student_partner: vec![-1; student_vocab],
-            teacher_partner: vec![-1; teacher_vocab],
-        }
+        Self::from_student_partners(vec![-1; student_vocab], teacher_vocab)
     }
 }
 

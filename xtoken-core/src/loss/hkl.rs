@@ -1,7 +1,8 @@
-//! H-KL (paper §2.6): GOLD's hybrid loss with the common set relaxed by W. Every student row not
-//! in the strict set adds `(s, argmax_t W[s,t])` when that entry is non-zero; strict pairs keep
-//! priority, a teacher token claimed twice goes to the higher weight (ties: the lower student
-//! id). W itself is frozen under H-KL.
+//! H-KL (paper §2.6): GOLD's hybrid loss with the common set relaxed by W
+//! ([`CommonSet::relaxed`]): every student token outside the strict set is paired with its
+//! top-1 teacher token under W when that entry is non-zero, so several student tokens may share
+//! a teacher token and its entry then appears in one KL term per pair. W itself is frozen under
+//! H-KL.
 
 use burn::tensor::Tensor;
 

@@ -15,7 +15,9 @@ use crate::LossOutput;
 /// The common set's tables on the device and the student's selected uncommon entries.
 struct Common<R: CubeRuntime> {
     student_partner: CubeTensor<R>,
-    teacher_partner: CubeTensor<R>,
+    /// Per teacher id, where its student partners start in `teacher_students` (`V_T + 1`).
+    teacher_first: CubeTensor<R>,
+    teacher_students: CubeTensor<R>,
     /// Student ids without a partner.
     uncommon: usize,
     /// Uncommon entries selected per slot: `min(k, uncommon)`.
@@ -49,7 +51,8 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
             plan.valid_row.clone().into_array_arg(),
             e.teacher_ids.clone().into_array_arg(),
             e.teacher_logp.clone().into_array_arg(),
-            common.teacher_partner.clone().into_array_arg(),
+            common.teacher_first.clone().into_array_arg(),
+            common.teacher_students.clone().into_array_arg(),
             common.student_partner.clone().into_array_arg(),
             common.selected_logp.clone().into_array_arg(),
             rest.clone().into_array_arg(),
@@ -92,7 +95,8 @@ fn select_uncommon<R: CubeRuntime>(e: &Evaluation<'_, R>) -> Result<Common<R>, K
     let slots = e.spec.merge.slots();
     let common = Common {
         student_partner: launcher.ints(&pairs.student_partner),
-        teacher_partner: launcher.ints(&pairs.teacher_partner),
+        teacher_first: launcher.ints(&pairs.teacher_first),
+        teacher_students: launcher.ints(&pairs.teacher_students),
         uncommon,
         selected,
         selected_ids: launcher.zeros(slots * selected, DType::I32),
@@ -152,7 +156,8 @@ fn sparse_grad<R: CubeRuntime>(
             plan.valid_row.clone().into_array_arg(),
             e.teacher_ids.clone().into_array_arg(),
             e.teacher_logp.clone().into_array_arg(),
-            common.teacher_partner.clone().into_array_arg(),
+            common.teacher_first.clone().into_array_arg(),
+            common.teacher_students.clone().into_array_arg(),
             common.selected_ids.clone().into_array_arg(),
             corrections.clone().into_array_arg(),
             plan.valid,

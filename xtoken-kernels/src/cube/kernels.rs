@@ -891,8 +891,9 @@ pub fn confidence_rows<F: Float>(
     }
 }
 
-/// GOLD / H-KL / ULD of one compared slot per cube. The common KL runs over the teacher's kept
-/// entries with a student partner; the sorted L1 pairs the teacher's remaining entries (already
+/// GOLD / H-KL / ULD of one compared slot per cube. The common KL runs over the pairs of C whose
+/// teacher token is a kept entry (a teacher token may have several student partners); the
+/// sorted L1 pairs the teacher's remaining entries (already
 /// in descending order, as the entries are best first) with the student's largest uncommon
 /// probabilities, selected beforehand by `top_k` with the common ids masked. Writes the loss,
 /// `Σh`, and per selected entry the correction `a (d − 1)` of its gradient term (`d` the sign of
@@ -906,7 +907,8 @@ pub fn hybrid_slots<F: Float>(
     valid_row: &Array<i32>,
     teacher_ids: &Array<i32>,
     teacher_logp: &Array<f32>,
-    teacher_partner: &Array<i32>,
+    teacher_first: &Array<i32>,
+    teacher_students: &Array<i32>,
     student_partner: &Array<i32>,
     selected_logp: &Array<f32>,
     rest: &mut Array<f32>,
@@ -938,15 +940,22 @@ pub fn hybrid_slots<F: Float>(
     let mut j = tid;
     while j < k {
         let lq = teacher_logp[slot * k + j];
-        let partner = teacher_partner[usize::cast_from(teacher_ids[slot * k + j])];
-        if partner >= 0i32 && lq > f32::MIN {
+        let id = usize::cast_from(teacher_ids[slot * k + j]);
+        let mut p = usize::cast_from(teacher_first[id]);
+        let end = usize::cast_from(teacher_first[id + 1]);
+        if p < end && lq > f32::MIN {
             let q = lq.exp();
             // As on the host, an entry whose probability underflows to 0 contributes nothing
             // (not 0 · ∞ where the student's logit is −∞).
             if q > 0.0f32 {
-                let ls = f32::cast_from(z[row * v + usize::cast_from(partner)]) * t + shift;
-                kl += q * (lq - ls);
-                common_q += q;
+                // One term per pair: an entry shared by several student tokens counts for each.
+                while p < end {
+                    let partner = usize::cast_from(teacher_students[p]);
+                    let ls = f32::cast_from(z[row * v + partner]) * t + shift;
+                    kl += q * (lq - ls);
+                    common_q += q;
+                    p += 1;
+                }
             }
         }
         j += block;
@@ -968,7 +977,7 @@ pub fn hybrid_slots<F: Float>(
         let mut found = 0u32;
         for jj in 0..k {
             let id = usize::cast_from(teacher_ids[slot * k + jj]);
-            if teacher_partner[id] < 0i32 {
+            if teacher_first[id] == teacher_first[id + 1] {
                 let lq = teacher_logp[slot * k + jj];
                 let mut q = 0.0f32;
                 if lq > f32::MIN {
@@ -1028,9 +1037,9 @@ pub fn hybrid_slots<F: Float>(
 }
 
 /// The hybrid objectives' sparse gradient terms on the predicting rows: `−c λ_KL q` at each
-/// kept teacher entry's student partner, and `c λ_ULD a (d − 1)` at each paired uncommon id.
-/// Partners are distinct, selected ids are distinct and never common: no two units write one
-/// element.
+/// student partner of a kept teacher entry, and `c λ_ULD a (d − 1)` at each paired uncommon id.
+/// A student id has at most one partner, so the partners of distinct entries are distinct;
+/// selected ids are distinct and never common: no two units write one element.
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn hybrid_grad_sparse<F: Float>(
     grad: &mut Array<F>,
@@ -1038,7 +1047,8 @@ pub fn hybrid_grad_sparse<F: Float>(
     valid_row: &Array<i32>,
     teacher_ids: &Array<i32>,
     teacher_logp: &Array<f32>,
-    teacher_partner: &Array<i32>,
+    teacher_first: &Array<i32>,
+    teacher_students: &Array<i32>,
     selected_ids: &Array<i32>,
     corrections: &Array<f32>,
     valid: usize,
@@ -1060,10 +1070,16 @@ pub fn hybrid_grad_sparse<F: Float>(
     let row = usize::cast_from(valid_row[i]);
     if j < k {
         let lq = teacher_logp[slot * k + j];
-        let partner = teacher_partner[usize::cast_from(teacher_ids[slot * k + j])];
-        if partner >= 0i32 && lq > f32::MIN {
-            let at = row * v + usize::cast_from(partner);
-            grad[at] = F::cast_from(f32::cast_from(grad[at]) - c * lambda_kl * lq.exp());
+        let id = usize::cast_from(teacher_ids[slot * k + j]);
+        let mut p = usize::cast_from(teacher_first[id]);
+        let end = usize::cast_from(teacher_first[id + 1]);
+        if lq > f32::MIN {
+            let step = c * lambda_kl * lq.exp();
+            while p < end {
+                let at = row * v + usize::cast_from(teacher_students[p]);
+                grad[at] = F::cast_from(f32::cast_from(grad[at]) - step);
+                p += 1;
+            }
         }
     } else {
         let r = j - k;

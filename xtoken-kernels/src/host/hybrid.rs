@@ -1,6 +1,6 @@
-//! GOLD, H-KL and ULD on a predicting row: the common KL over the teacher's kept entries with a
-//! student partner in C, plus the sorted L1 between the student's uncommon probabilities and
-//! the teacher's other entries (zero-padded).
+//! GOLD, H-KL and ULD on a predicting row: the common KL over every pair of C whose teacher
+//! token is a kept entry, plus the sorted L1 between the student's uncommon probabilities and
+//! the teacher's entries outside C (zero-padded).
 
 use std::sync::Arc;
 
@@ -49,15 +49,16 @@ impl RowLoss for Hybrid {
         s.teacher_rest.clear();
         for (&t, &lq) in ids.iter().zip(logp) {
             let q = (lq as f64).exp();
-            let partner = common.teacher_partner[t as usize];
-            if partner >= 0 {
-                if q > 0.0 {
+            let partners = common.students_of(t as usize);
+            if partners.is_empty() {
+                s.teacher_rest.push(q as f32);
+            } else if q > 0.0 {
+                // One KL term per pair: a teacher entry shared by k student tokens counts k times.
+                for &partner in partners {
                     let lps = (z[partner as usize] * ctx.tau_inv - lse) as f64 + sigma;
                     common_kl += q * (lq as f64 - lps);
                     s.h[partner as usize] -= lambda_kl * q as f32;
                 }
-            } else {
-                s.teacher_rest.push(q as f32);
             }
         }
         loss += lambda_kl as f64 * common_kl;
