@@ -66,13 +66,22 @@ where
     A: Copy + Into<f64>,
     B: Copy + Into<f64>,
 {
-    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
-    assert_finite(&format!("{what} (left)"), a);
-    assert_finite(&format!("{what} (right)"), b);
+    assert_comparable(what, a, b);
     a.iter()
         .zip(b)
         .map(|(&x, &y)| (x.into() - y.into()).abs())
         .fold(0.0, f64::max)
+}
+
+/// Two sides of one length, every value finite.
+fn assert_comparable<A, B>(what: &str, a: &[A], b: &[B])
+where
+    A: Copy + Into<f64>,
+    B: Copy + Into<f64>,
+{
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
+    assert_finite(&format!("{what} (left)"), a);
+    assert_finite(&format!("{what} (right)"), b);
 }
 
 /// Asserts `|got_i − want_i| ≤ abs + rel · |want_i|` for every `i`, naming the first element
@@ -82,7 +91,7 @@ where
     A: Copy + Into<f64>,
     B: Copy + Into<f64>,
 {
-    max_abs_diff(what, got, want);
+    assert_comparable(what, got, want);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let (g, w): (f64, f64) = (g.into(), w.into());
         let bound = abs + rel * w.abs();

@@ -68,10 +68,6 @@ fn read_logits(path: &Path) -> (Vec<usize>, Vec<f32>) {
     (view.shape().to_vec(), f32s(view.data()))
 }
 
-fn max_difference(a: &[f32], b: &[f32]) -> f64 {
-    xtoken_testkit::max_abs_diff("logits", a, b)
-}
-
 #[test]
 fn logits_match_hf_with_padding() {
     let dir = scratch("logits");
@@ -87,7 +83,7 @@ fn logits_match_hf_with_padding() {
     );
     let (shape, logits) = read_logits(&out);
     assert_eq!(shape, vec![2, 24, 128]);
-    assert!(max_difference(&logits, &expected) <= 1e-4);
+    assert!(xtoken_testkit::max_abs_diff("logits", &logits, &expected) <= 1e-4);
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -127,7 +123,7 @@ fn convert_to_bf16_then_logits_stay_close() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let worst = max_difference(&read_logits(&out).1, &expected);
+    let worst = xtoken_testkit::max_abs_diff("logits", &read_logits(&out).1, &expected);
     let bound = xtoken_testkit::rounding_bound(
         xtoken_testkit::BF16_UNIT_ROUNDOFF,
         xtoken_testkit::max_abs("HF logits", &expected),
