@@ -14,6 +14,7 @@ use xtoken_core::loss::{
 use xtoken_core::plan::{BatchPlan, ChunkPlan, MergeVariant, PlanItem};
 use xtoken_core::projection::SparseProjection;
 use xtoken_core::Error;
+use xtoken_testkit::reference;
 
 type B = Autodiff<NdArray>;
 
@@ -234,40 +235,9 @@ fn reference(
                 .iter()
                 .map(|&t| lq[t].exp() * (lq[t] - ls[t]))
                 .sum::<f64>(),
-            Ref::Pkl(w) => {
-                let mut projected = vec![0.0; case.vt];
-                for (s, row) in w.iter().enumerate() {
-                    for &(t, weight) in row {
-                        projected[t] += weight * ls[s].exp();
-                    }
-                }
-                kept.iter()
-                    .map(|&t| lq[t].exp() * (lq[t] - (projected[t] + eps).ln()))
-                    .sum()
-            }
+            Ref::Pkl(w) => reference::pkl_chunk(ls, lq, &kept, w, eps),
             Ref::Hybrid(pairs, lambda_kl, lambda_uld) => {
-                let mut common = 0.0;
-                for &(s, t) in pairs {
-                    if kept.contains(&t) {
-                        common += lq[t].exp() * (lq[t] - ls[s]);
-                    }
-                }
-                let mut a: Vec<f64> = (0..case.vs)
-                    .filter(|s| !pairs.iter().any(|p| p.0 == *s))
-                    .map(|s| ls[s].exp())
-                    .collect();
-                let mut b: Vec<f64> = kept
-                    .iter()
-                    .filter(|t| !pairs.iter().any(|p| p.1 == **t))
-                    .map(|&t| lq[t].exp())
-                    .collect();
-                a.sort_by(|x, y| y.total_cmp(x));
-                b.sort_by(|x, y| y.total_cmp(x));
-                let n = a.len().max(b.len());
-                a.resize(n, 0.0);
-                b.resize(n, 0.0);
-                let l1: f64 = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).sum();
-                lambda_kl * common + lambda_uld * l1
+                reference::hybrid_chunk(ls, lq, &kept, pairs, (*lambda_kl, *lambda_uld))
             }
         };
     }
@@ -1044,11 +1014,57 @@ fn dynamic_scaling_value_and_gradient() {
         .map(|&v| ce_v / kd_v * 3.0 * (3.0 * v).exp() + 2.0 * v)
         .collect();
     assert_close("dynamic scaling gradient", &grad, &want, 1e-4);
+}
 
-    // KD = 0: the KD term is dropped instead of producing NaN.
-    let zero = Tensor::<B, 1>::from_data(TensorData::new(vec![0.0f32], [1]), &device);
-    let ce = Tensor::<B, 1>::from_data(TensorData::new(vec![1.5f32], [1]), &device);
-    assert_eq!(value(&scaling::dynamic(ce, zero)), 1.5);
+/// γ = CE / max(|KD|, floor) for every finite KD: the paper's ratio in magnitude above the
+/// floor, bounded and continuous through 0, never negative; the gradient is γ ∇KD + ∇CE.
+#[test]
+fn dynamic_scaling_is_defined_for_every_kd() {
+    let device = Default::default();
+    let floor = scaling::KD_FLOOR;
+    let ce_v = 1.5f64;
+    for kd_v in [
+        2.0,
+        0.3,
+        floor * 1.5,
+        floor,
+        floor / 2.0,
+        0.0,
+        -floor / 2.0,
+        -floor * 3.0,
+        -0.361,
+        -2.0,
+    ] {
+        let x =
+            Tensor::<B, 1>::from_data(TensorData::new(vec![1.0f32], [1]), &device).require_grad();
+        // CE(x) = 1.5 x², KD(x) = kd · x³ at x = 1: ∇CE = 3, ∇KD = 3 kd.
+        let ce = x.clone().powf_scalar(2.0) * ce_v;
+        let kd = x.clone().powf_scalar(3.0) * kd_v;
+        let total = scaling::dynamic(ce, kd);
+        let gamma = ce_v / kd_v.abs().max(floor);
+        assert!(gamma >= 0.0 && gamma <= ce_v / floor);
+        assert_eq!(scaling::ratio_of(ce_v, kd_v), gamma);
+        let want_value = gamma * kd_v + ce_v;
+        assert!(
+            (value(&total) - want_value).abs() <= 1e-5 * want_value.abs().max(1.0),
+            "KD {kd_v}: value {} vs {want_value}",
+            value(&total)
+        );
+        assert!((scaling::dynamic_value(ce_v, kd_v) - want_value).abs() < 1e-12);
+        let grad = to_vec(x.grad(&total.backward()).unwrap());
+        let want_grad = gamma * 3.0 * kd_v + 3.0;
+        assert!(
+            (grad[0] as f64 - want_grad).abs() <= 1e-4 * want_grad.abs().max(1.0),
+            "KD {kd_v}: gradient {} vs {want_grad}",
+            grad[0]
+        );
+    }
+    // Continuous at the floor from both sides of 0.
+    for sign in [1.0, -1.0] {
+        let below = scaling::ratio_of(ce_v, sign * floor * (1.0 - 1e-9));
+        let above = scaling::ratio_of(ce_v, sign * floor * (1.0 + 1e-9));
+        assert!((below - above).abs() < 1e-5 * below);
+    }
 }
 
 #[test]
@@ -1341,4 +1357,14 @@ proptest::proptest! {
         let kl_same = value(&kl::loss(same.student_tensor(), &targets, &params).unwrap());
         proptest::prop_assert!(kl_same.abs() < 1e-5, "KL(p || p) = {kl_same}");
     }
+}
+
+/// A W without a single entry would make P-KL compare the teacher with nothing: refused when
+/// the learnable projection is built, naming W.
+#[test]
+fn a_projection_without_entries_is_refused() {
+    let empty: Vec<Vec<(u32, f64)>> = vec![Vec::new(); 6];
+    let w = SparseProjection::from_rows(&empty, 9, 4, None).unwrap();
+    let err = LearnableProjection::<B>::new(&w, 6, &Default::default()).unwrap_err();
+    assert!(err.to_string().contains("W has no entry"), "{err}");
 }

@@ -117,6 +117,18 @@ pub(crate) fn check_id_range(
     Ok(())
 }
 
+/// Refuses a projection W without a single entry: P-KL would have nothing to project into.
+pub(crate) fn check_projection_entries(indices: &[i64]) -> Result<(), KernelError> {
+    if indices.iter().all(|&t| t < 0) {
+        return Err(KernelError::Invalid {
+            what: "projection indices",
+            why: "W has no entry (every slot is -1): P-KL projects nothing into the teacher vocabulary"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 /// `(min, max)` of host ids (`(0, -1)` when there are none, which passes every range check).
 pub(crate) fn id_range(ids: &[i64]) -> (i64, i64) {
     ids.iter().fold((0, -1), |(lo, hi), &x| {

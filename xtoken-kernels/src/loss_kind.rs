@@ -12,7 +12,8 @@ use std::str::FromStr;
 pub enum LossKind {
     /// Same-tokenizer KL on the teacher's top-K: `KL(p̂_T ‖ p̂_S)`.
     Kl,
-    /// Projected KL: `KL(p̂_T ‖ Wᵀp̂_S)`, with a learnable W.
+    /// Projected KL: `KL(p̂_T ‖ p̃_S)` with `p̃_S = Wᵀp̂_S` re-normalized over the teacher
+    /// vocabulary, with a learnable W.
     Pkl,
     /// Hybrid KL: GOLD over the common set relaxed by W's top-1.
     Hkl,

@@ -225,8 +225,8 @@ pub struct DistillSpec {
     pub lambda_kl: f32,
     /// GOLD, H-KL, ULD: weight of the sorted-L1 term.
     pub lambda_uld: f32,
-    /// P-KL evaluates `log(Wᵀp̂_S + eps)`, so that teacher tokens no student row reaches cost
-    /// a constant instead of infinity.
+    /// P-KL evaluates `log(p̃_S + eps)` (`p̃_S` the re-normalized projection), so that teacher
+    /// tokens no student row reaches cost a constant instead of infinity.
     pub eps: f32,
 }
 

@@ -14,6 +14,7 @@ use burn::backend::NdArray;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 use burn_wgpu::Wgpu;
+use support::reference::{self, Objective, Problem};
 use support::{Evaluation, Inputs};
 use xtoken_kernels::{
     CommonPairs, DistillSpec, EntriesSpec, GradRequest, KernelError, LossKind, MergePlan,
@@ -372,6 +373,81 @@ fn device_gradients_match_finite_differences() {
             }
         }
     }
+}
+
+/// The device against the f64 reference written from the definitions: P-KL re-normalized over
+/// W's rows (an empty row, rows of one to three slots) and H-KL on a many-to-one set, the value
+/// and both gradients (central differences of the reference): the logits' at the largest and at
+/// random coordinates, W's everywhere.
+#[test]
+fn device_matches_an_f64_reference() {
+    let case = Case::new(1, 12, (300, 350), 40, 3);
+    let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&v| v as f64).collect() };
+    let (zs, zt, weights) = (
+        wide(&case.student),
+        wide(&case.teacher),
+        wide(&case.weights),
+    );
+    let problem = Problem {
+        student: &zs,
+        teacher: &zt,
+        vs: case.student_vocab,
+        vt: case.teacher_vocab,
+        merge: &case.merge,
+        tau: case.tau as f64,
+        top_k: case.top_k,
+        kw: case.kw,
+        indices: &case.indices,
+        weights: &weights,
+        eps: 1e-10,
+    };
+    // The coordinates with the largest gradients, and a few others.
+    let picks = |g: &[f32], salt: u64| {
+        let mut order: Vec<usize> = (0..g.len()).collect();
+        order.sort_by(|&a, &b| g[b].abs().total_cmp(&g[a].abs()));
+        let mut picks = order[..6].to_vec();
+        picks.extend((0..6).map(|i| (mix(i, salt) % g.len() as u64) as usize));
+        picks
+    };
+    let mut checked = Vec::new();
+    for evaluation in case.evaluations() {
+        let Some(objective) = Objective::of(&evaluation) else {
+            continue;
+        };
+        if evaluation.is(LossKind::Uld) {
+            continue;
+        }
+        let what = format!("{evaluation:?}");
+        let out =
+            evaluate::<Wgpu>(&case, &evaluation, &case.student, &case.weights, DType::F32).unwrap();
+        let want = reference::loss(&problem, &objective);
+        assert!(
+            (out.value as f64 - want).abs() <= 1e-4 * want.abs().max(1.0),
+            "{what}: device {} vs the reference {want}",
+            out.value
+        );
+        let scale = xtoken_testkit::max_abs(&what, &out.grad_logits);
+        for i in picks(&out.grad_logits, 11) {
+            let want = reference::partial(&problem, &objective, i, false);
+            let got = out.grad_logits[i] as f64;
+            assert!(
+                (got - want).abs() <= 1e-3 * want.abs() + 1e-5 * scale,
+                "{what} logit {i}: device {got} vs the reference {want}"
+            );
+        }
+        if let Some(gw) = &out.grad_weights {
+            let scale = xtoken_testkit::max_abs(&what, gw);
+            for (i, &got) in gw.iter().enumerate() {
+                let want = reference::partial(&problem, &objective, i, true);
+                assert!(
+                    (got as f64 - want).abs() <= 1e-3 * want.abs() + 1e-5 * scale + 1e-9,
+                    "{what} W weight {i}: device {got} vs the reference {want}"
+                );
+            }
+        }
+        checked.push(what);
+    }
+    assert_eq!(checked.len(), 2, "P-KL and H-KL: {checked:?}");
 }
 
 #[test]

@@ -31,6 +31,8 @@ use xtoken_core::align::AlignParams;
 use xtoken_core::loss::multi::{ConfidenceMeasure, Weighting};
 use xtoken_core::loss::{LossKind, LossParams, TopK};
 use xtoken_core::plan::MergeVariant;
+
+use crate::step::ScalingScope;
 use xtoken_core::projection::ProjectionParams;
 
 /// The whole run.
@@ -174,6 +176,9 @@ pub struct LossConfig {
     pub dynamic_scaling: bool,
     /// `static` (each teacher's α), or adaptive: `neg_ce`, `neg_entropy`, `max_prob`.
     pub weighting: String,
+    /// Where dynamic scaling's ratio and adaptive α are measured: `step` (the paper: once per
+    /// optimizer step, over every micro-batch and worker) or `micro-batch` (each its own).
+    pub scaling_scope: String,
     /// `first_token` (the paper's chunk merge) or `last_token`.
     pub merge: String,
     /// Rows evaluated at once by the fused losses.
@@ -269,6 +274,7 @@ impl Default for LossConfig {
             lambda_uld: params.lambda_uld,
             dynamic_scaling: true,
             weighting: "static".into(),
+            scaling_scope: "step".into(),
             merge: "first_token".into(),
             row_chunk: params.row_chunk,
         }
@@ -463,6 +469,7 @@ impl RunConfig {
         non_negative("loss.lambda_uld", l.lambda_uld)?;
         at_least_one("loss.row_chunk", l.row_chunk as u64)?;
         self.weighting()?;
+        self.scaling_scope()?;
         self.merge_variant()?;
         self.projection_params()
             .validate()
@@ -608,6 +615,19 @@ impl RunConfig {
             other => return Err(Error::Config(format!(
                 "loss.weighting = {other:?}: expected \"static\", \"neg_ce\", \"neg_entropy\" or \"max_prob\""
             ))),
+        })
+    }
+
+    /// Where dynamic scaling's ratio and adaptive α are measured.
+    pub fn scaling_scope(&self) -> Result<ScalingScope> {
+        Ok(match self.loss.scaling_scope.as_str() {
+            "step" => ScalingScope::Step,
+            "micro-batch" => ScalingScope::MicroBatch,
+            other => {
+                return Err(Error::Config(format!(
+                    "loss.scaling_scope = {other:?}: expected \"step\" or \"micro-batch\""
+                )))
+            }
         })
     }
 
@@ -766,6 +786,8 @@ path = "data/train.jsonl"
         assert!(err.contains("data.path"), "{err}");
         let err = error_of(&format!("{MINIMAL}\n[loss]\nweighting = \"best\"\n"));
         assert!(err.contains("loss.weighting"), "{err}");
+        let err = error_of(&format!("{MINIMAL}\n[loss]\nscaling_scope = \"epoch\"\n"));
+        assert!(err.contains("loss.scaling_scope"), "{err}");
         let err = error_of(&format!("{MINIMAL}\n[projection]\ngamma = 2.0\n"));
         assert!(err.contains("gamma"), "{err}");
         let err = error_of(&format!("{MINIMAL}\n[training]\nsteps = \"many\"\n"));

@@ -1,9 +1,11 @@
 //! Data parallelism over the devices of one machine (feature `collective`): one worker thread
 //! per device, each a burn-collective peer. A worker takes rows `rank, rank + workers, …` of
-//! every global batch; after its micro-batches it averages its gradients (student and learnable
-//! W) and its metric values with the others in one `burn::collective::all_reduce` of a flat
-//! tensor (a tree over the devices), so every worker applies the same update and the
-//! parameters stay identical. Rank 0 writes metrics, checkpoints and the final student; at the
+//! every global batch; after its micro-batches it sums its gradients (student and learnable W,
+//! each micro-batch's loss already weighted by its share of the whole step) and its metric sums
+//! with the others in one `burn::collective::all_reduce` of a flat tensor (a tree over the
+//! devices), so every worker applies the same update and the parameters stay identical. Before
+//! the backward passes the workers also sum a few numbers: the step's counts, and its loss
+//! values when dynamic scaling or adaptive α is measured once per step. Rank 0 writes metrics, checkpoints and the final student; at the
 //! end the workers compare parameter fingerprints.
 //!
 //! Not here, and why:
@@ -40,8 +42,8 @@ pub struct Worker {
     pub peer: Option<burn::collective::PeerId>,
 }
 
-/// What the workers average after each step: the student's gradients, each learnable W's,
-/// and the step's metric values.
+/// What the workers sum after each step: the student's gradients, each learnable W's, and the
+/// step's metric sums.
 pub struct Exchange<'a, B: AutodiffBackend> {
     /// Gives the parameters' order, the same on every worker.
     pub student: &'a Transformer<B>,
@@ -49,17 +51,17 @@ pub struct Exchange<'a, B: AutodiffBackend> {
     pub student_grads: GradientsParams,
     /// Per teacher: its learnable W and W's gradients.
     pub projections: Vec<Option<(&'a LearnableProjection<B>, GradientsParams)>>,
-    /// The step's metric values.
+    /// The step's metric sums.
     pub values: Vec<f64>,
 }
 
-/// The averaged result of an [`Exchange`].
-pub struct Averaged {
+/// The summed result of an [`Exchange`].
+pub struct Summed {
     /// The student's gradients.
     pub student_grads: GradientsParams,
     /// Per teacher, W's gradients.
     pub projection_grads: Vec<Option<GradientsParams>>,
-    /// The metric values.
+    /// The metric sums.
     pub values: Vec<f64>,
 }
 
@@ -74,23 +76,37 @@ impl Worker {
         }
     }
 
+    /// Sums a few values over the workers (alone: returns them).
+    pub fn sum_values<B: AutodiffBackend>(
+        &self,
+        values: Vec<f64>,
+        device: &B::Device,
+    ) -> Result<Vec<f64>> {
+        #[cfg(feature = "collective")]
+        if let Some(peer) = self.peer {
+            return collective::sum_values::<B>(peer, values, device);
+        }
+        let _ = device;
+        Ok(values)
+    }
+
     /// Whether this worker writes the run's outputs.
     pub fn leads(&self) -> bool {
         self.rank == 0
     }
 
-    /// Averages a step's gradients and values over the workers (one all-reduce of everything).
-    pub fn average<B: AutodiffBackend>(
+    /// Sums a step's gradients and values over the workers (one all-reduce of everything).
+    pub fn sum<B: AutodiffBackend>(
         &self,
         exchange: Exchange<'_, B>,
         device: &B::Device,
-    ) -> Result<Averaged> {
+    ) -> Result<Summed> {
         #[cfg(feature = "collective")]
         if let Some(peer) = self.peer {
             return collective::all_reduce(peer, exchange, device);
         }
         let _ = device;
-        Ok(Averaged {
+        Ok(Summed {
             student_grads: exchange.student_grads,
             projection_grads: exchange
                 .projections
@@ -151,7 +167,7 @@ mod collective {
     use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
     use xtoken_core::loss::pkl::LearnableProjection;
 
-    use super::{Averaged, Exchange, Worker};
+    use super::{Exchange, Summed, Worker};
     use crate::error::{Context, Error, Result};
 
     /// Where each gradient sits in the flat exchange tensor: its parameter, shape and dtype.
@@ -232,13 +248,35 @@ mod collective {
         visitor.grads
     }
 
-    /// Averages a step's gradients and metric values over every worker with one all-reduce of
-    /// a single flat tensor (one exchange per step, like DDP's gradient buckets).
+    /// Sums values over every worker (f64 travels as f32).
+    pub(super) fn sum_values<B: AutodiffBackend>(
+        peer: PeerId,
+        values: Vec<f64>,
+        device: &B::Device,
+    ) -> Result<Vec<f64>> {
+        let count = values.len();
+        let tensor =
+            Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(values, [count]), device);
+        let reduced = collective::all_reduce::<B::InnerBackend>(
+            peer,
+            tensor.into_primitive().tensor(),
+            ReduceOperation::Sum,
+        )
+        .map_err(|e| Error::Parallel(format!("all-reduce of the step's values failed: {e:?}")))?;
+        Tensor::<B::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(reduced))
+            .into_data()
+            .convert::<f64>()
+            .to_vec::<f64>()
+            .map_err(|e| Error::Parallel(format!("reading the step's values: {e:?}")))
+    }
+
+    /// Sums a step's gradients and metric values over every worker with one all-reduce of a
+    /// single flat tensor (one exchange per step, like DDP's gradient buckets).
     pub(super) fn all_reduce<B: AutodiffBackend>(
         peer: PeerId,
         exchange: Exchange<'_, B>,
         device: &B::Device,
-    ) -> Result<Averaged> {
+    ) -> Result<Summed> {
         let Exchange {
             student,
             mut student_grads,
@@ -265,7 +303,7 @@ mod collective {
         let reduced = collective::all_reduce::<B::InnerBackend>(
             peer,
             flat.into_primitive().tensor(),
-            ReduceOperation::Mean,
+            ReduceOperation::Sum,
         )
         .map_err(|e| Error::Parallel(format!("all-reduce of the gradients failed: {e:?}")))?;
         let flat = Tensor::<B::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(reduced));
@@ -286,7 +324,7 @@ mod collective {
             .convert::<f64>()
             .to_vec::<f64>()
             .map_err(|e| Error::Parallel(format!("reading the reduced metrics: {e:?}")))?;
-        Ok(Averaged {
+        Ok(Summed {
             student_grads,
             projection_grads,
             values,

@@ -1,17 +1,31 @@
 //! One optimizer step. Per micro-batch every teacher runs without a graph and keeps its top-K
 //! targets; the student runs forward and backward (layer by layer with activation
-//! checkpointing) under `L = sg(L_CE / L_KD) · L_KD + L_CE` with `L_KD = Σ_m α_m L_m`. The
-//! gradients are summed over micro-batches (the loss is scaled by 1 / micro-batches) and
-//! averaged over data-parallel workers; the student's are clipped to a global norm and applied
-//! by AdamW, and each learnable W takes its own AdamW step, unclipped.
+//! checkpointing) under `L = sg(γ) · L_KD + L_CE` with `L_KD = Σ_m α_m L_m`. The gradients
+//! are summed over micro-batches and data-parallel workers; the student's are clipped to a
+//! global norm and applied by AdamW, and each learnable W takes its own AdamW step, unclipped.
+//!
+//! **One step, one batch.** `L_CE` and each `L_m` are the means over the whole step's batch
+//! (every micro-batch of every worker): a micro-batch's terms are weighted by its share of the
+//! step's CE positions and of each teacher's compared chunks, so the gradient equals that of one
+//! pass over the combined batch. The paper rescales once per step, so `γ` and adaptive α are
+//! the step's too ([`ScalingScope::Step`]). They must be known before the first backward pass;
+//! with several micro-batches or workers the step first runs every teacher and a forward pass of
+//! the student without a graph (pass 1), sums the values over the workers (one small
+//! exchange), and then runs the backward passes with `γ` and α fixed (pass 2), reusing the
+//! teachers' targets. That costs one student forward pass per micro-batch and holds the step's
+//! targets in memory; the alternative, one backward pass per loss term and micro-batch, would
+//! cost a whole backward pass per term. A single micro-batch on a single worker needs no
+//! first pass. [`ScalingScope::MicroBatch`] measures `γ` and α on each micro-batch instead,
+//! without it.
 
+use burn::module::{AutodiffModule, Module};
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
 use xtoken_core::loss::multi::{self, Weighting};
 use xtoken_core::loss::pkl::LearnableProjection;
-use xtoken_core::loss::{ce, scaling, LossParams, XTokenBackend};
-use xtoken_models::Transformer;
+use xtoken_core::loss::{ce, evaluate, scaling, Loss, LossParams, TeacherTargets, XTokenBackend};
+use xtoken_models::{CausalLm, Transformer};
 
 use crate::backend::TrainBackend;
 use crate::config::RunConfig;
@@ -21,6 +35,15 @@ use crate::optim::{clip_global_norm, Trainable};
 use crate::parallel::{Exchange, Worker};
 use crate::teachers::{ids_tensor, padding_tensor, Teacher};
 
+/// Where dynamic scaling's ratio `γ` and adaptive α are measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScalingScope {
+    /// Once per optimizer step, on the whole step's batch (the paper).
+    Step,
+    /// On each micro-batch's own losses.
+    MicroBatch,
+}
+
 /// How every micro-batch's loss is formed.
 #[derive(Debug, Clone)]
 pub struct LossSetup {
@@ -28,8 +51,10 @@ pub struct LossSetup {
     pub params: LossParams,
     /// Static or adaptive teacher weights.
     pub weighting: Weighting,
-    /// `L = sg(L_CE / L_KD) · L_KD + L_CE` instead of `L_CE + L_KD`.
+    /// `L = sg(γ) · L_KD + L_CE` instead of `L_CE + L_KD`.
     pub dynamic_scaling: bool,
+    /// Where `γ` and adaptive α are measured.
+    pub scope: ScalingScope,
     /// Recompute each decoder layer in the backward pass.
     pub checkpointing: bool,
 }
@@ -41,15 +66,21 @@ impl LossSetup {
             params: config.loss_params(),
             weighting: config.weighting()?,
             dynamic_scaling: config.loss.dynamic_scaling,
+            scope: config.scaling_scope()?,
             checkpointing: config.training.activation_checkpointing,
         })
     }
+
+    /// Whether `γ` or α depend on the losses' values.
+    fn measures(&self) -> bool {
+        self.dynamic_scaling || matches!(self.weighting, Weighting::Adaptive(_))
+    }
 }
 
-/// The loss values of a micro-batch, or their mean over a step.
+/// The loss values of a step: means over its whole batch.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LossValues {
-    /// The optimized loss (with dynamic scaling: `2 · L_CE` in value).
+    /// The optimized loss (with dynamic scaling `γ · L_KD + L_CE`, `2 · L_CE` when `L_KD > 0`).
     pub loss: f64,
     /// The student's next-token cross-entropy.
     pub ce: f64,
@@ -59,33 +90,224 @@ pub struct LossValues {
     pub teachers: Vec<(f64, f64)>,
 }
 
-/// The gradients and values of one micro-batch.
-pub struct MicroOutcome {
-    /// The student's gradients.
-    pub student: GradientsParams,
-    /// Per teacher, its learnable W's gradients.
-    pub projections: Vec<Option<GradientsParams>>,
-    /// The loss values.
-    pub values: LossValues,
+/// What a micro-batch adds to the step's sums: its CE positions and, per teacher, its compared
+/// chunks (the weights of its means), and with `values`, its loss values and confidence.
+#[derive(Debug, Clone, PartialEq)]
+struct Sums {
+    /// `Σ n · L_CE` and `Σ n` over CE positions.
+    ce: (f64, f64),
+    /// Per teacher: `Σ c · L_m`, `Σ c` over compared chunks, `Σ k · confidence`, `Σ k` over
+    /// the teacher's positions, and `Σ α_m` (micro-batch scope: the α each micro-batch used).
+    teachers: Vec<[f64; 5]>,
+    /// Student tokens.
+    tokens: f64,
+    /// Micro-batches.
+    micro: f64,
 }
 
-/// Forward and backward of one micro-batch, its loss scaled by `scale`.
-pub fn micro_step<B: TrainBackend>(
-    student: &Transformer<B>,
+impl Sums {
+    fn zero(teachers: usize) -> Self {
+        Sums {
+            ce: (0.0, 0.0),
+            teachers: vec![[0.0; 5]; teachers],
+            tokens: 0.0,
+            micro: 0.0,
+        }
+    }
+
+    /// The weights of a micro-batch's means, before any value is known.
+    fn counts(micro: &MicroBatch) -> Self {
+        let plan = &micro.teachers[0].plan;
+        let positions = plan.student.next_token.iter().filter(|&&t| t >= 0).count();
+        let mut sums = Sums::zero(micro.teachers.len());
+        sums.ce.1 = positions as f64;
+        for (t, batch) in sums.teachers.iter_mut().zip(&micro.teachers) {
+            t[1] = batch.plan.valid_chunks() as f64;
+        }
+        sums.tokens = micro.tokens as f64;
+        sums.micro = 1.0;
+        sums
+    }
+
+    /// Adds a micro-batch's values to its counts.
+    fn with_values(mut self, values: &MicroValues) -> Self {
+        self.ce.0 = self.ce.1 * values.ce;
+        for (t, v) in self.teachers.iter_mut().zip(&values.teachers) {
+            t[0] = t[1] * v.loss;
+            if let Some((score, positions)) = v.confidence {
+                t[2] = score * positions;
+                t[3] = positions;
+            }
+            t[4] = v.alpha;
+        }
+        self
+    }
+
+    fn add(&mut self, other: &Sums) {
+        self.ce.0 += other.ce.0;
+        self.ce.1 += other.ce.1;
+        for (a, b) in self.teachers.iter_mut().zip(&other.teachers) {
+            a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        }
+        self.tokens += other.tokens;
+        self.micro += other.micro;
+    }
+
+    fn pack(&self) -> Vec<f64> {
+        let mut v = vec![self.ce.0, self.ce.1, self.tokens, self.micro];
+        self.teachers.iter().for_each(|t| v.extend(t));
+        v
+    }
+
+    fn unpack(v: &[f64], teachers: usize) -> Self {
+        Sums {
+            ce: (v[0], v[1]),
+            teachers: (0..teachers)
+                .map(|m| std::array::from_fn(|i| v[4 + 5 * m + i]))
+                .collect(),
+            tokens: v[2],
+            micro: v[3],
+        }
+    }
+
+    /// `sum / count`, 0 for no count.
+    fn mean(sum: f64, count: f64) -> f64 {
+        if count > 0.0 {
+            sum / count
+        } else {
+            0.0
+        }
+    }
+
+    fn ce(&self) -> f64 {
+        Self::mean(self.ce.0, self.ce.1)
+    }
+
+    fn teacher_losses(&self) -> Vec<f64> {
+        self.teachers
+            .iter()
+            .map(|t| Self::mean(t[0], t[1]))
+            .collect()
+    }
+
+    /// The step's α: static, or the softmax of each teacher's mean confidence over the step.
+    fn alphas(&self, statics: &[f64], weighting: Weighting) -> Vec<f64> {
+        match weighting {
+            Weighting::Static => statics.to_vec(),
+            Weighting::Adaptive(_) => multi::softmax(
+                &self
+                    .teachers
+                    .iter()
+                    .map(|t| Self::mean(t[2], t[3]))
+                    .collect::<Vec<_>>(),
+            ),
+        }
+    }
+
+    /// The step's values, with the α it used (`alphas`) or, per micro-batch, their mean.
+    fn values(&self, alphas: Option<&[f64]>, dynamic: bool) -> LossValues {
+        let losses = self.teacher_losses();
+        let alphas: Vec<f64> = match alphas {
+            Some(a) => a.to_vec(),
+            None => self
+                .teachers
+                .iter()
+                .map(|t| Self::mean(t[4], self.micro))
+                .collect(),
+        };
+        let (ce, kd) = (
+            self.ce(),
+            losses.iter().zip(&alphas).map(|(l, a)| l * a).sum(),
+        );
+        LossValues {
+            loss: if dynamic {
+                scaling::dynamic_value(ce, kd)
+            } else {
+                ce + kd
+            },
+            ce,
+            kd,
+            teachers: losses.into_iter().zip(alphas).collect(),
+        }
+    }
+}
+
+/// One micro-batch's loss values (means over the micro-batch).
+#[derive(Debug, Clone)]
+struct MicroValues {
+    ce: f64,
+    teachers: Vec<TeacherValues>,
+}
+
+#[derive(Debug, Clone)]
+struct TeacherValues {
+    loss: f64,
+    alpha: f64,
+    /// The chosen confidence measure's mean and its positions (adaptive α).
+    confidence: Option<(f64, f64)>,
+}
+
+/// What pass 2 weights a micro-batch's terms by and balances them with.
+struct Balance<'a> {
+    /// Its share of the step's CE positions.
+    ce_share: f64,
+    /// Per teacher, its share of the step's compared chunks.
+    chunk_shares: Vec<f64>,
+    /// The step's α and `γ`, when fixed before the backward passes.
+    fixed: Option<&'a Fixed>,
+}
+
+/// The step's α and `γ` (`None` without dynamic scaling).
+#[derive(Debug, Clone)]
+struct Fixed {
+    alphas: Vec<f64>,
+    gamma: Option<f64>,
+}
+
+impl Balance<'_> {
+    fn new<'a>(counts: &Sums, step: &Sums, fixed: Option<&'a Fixed>) -> Balance<'a> {
+        Balance {
+            ce_share: Sums::mean(counts.ce.1, step.ce.1),
+            chunk_shares: counts
+                .teachers
+                .iter()
+                .zip(&step.teachers)
+                .map(|(c, s)| Sums::mean(c[1], s[1]))
+                .collect(),
+            fixed,
+        }
+    }
+}
+
+/// The gradients and values of one micro-batch.
+struct MicroOutcome {
+    student: GradientsParams,
+    projections: Vec<Option<GradientsParams>>,
+    values: MicroValues,
+}
+
+/// Every teacher's targets for a micro-batch.
+fn targets<B: TrainBackend>(
     teachers: &[Teacher<B>],
     micro: &MicroBatch,
     setup: &LossSetup,
-    scale: f64,
     device: &B::Device,
-) -> Result<MicroOutcome> {
-    let targets = teachers
+) -> Result<Vec<TeacherTargets<B>>> {
+    teachers
         .iter()
         .zip(&micro.teachers)
         .map(|(t, batch)| t.targets(batch, micro.rows, &setup.params, setup.weighting, device))
-        .collect::<Result<Vec<_>>>()?;
-    let terms = teachers
+        .collect()
+}
+
+/// The multi-teacher terms of a micro-batch.
+fn terms<'a, B: TrainBackend>(
+    teachers: &'a [Teacher<B>],
+    targets: &'a [TeacherTargets<B>],
+) -> Result<Vec<multi::Teacher<'a, B>>> {
+    teachers
         .iter()
-        .zip(&targets)
+        .zip(targets)
         .map(|(t, targets)| {
             Ok(multi::Teacher {
                 targets,
@@ -93,7 +315,112 @@ pub fn micro_step<B: TrainBackend>(
                 alpha: t.settings.alpha,
             })
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
+
+/// Each teacher's chosen confidence and its positions, under adaptive weighting.
+fn confidence<B: TrainBackend>(
+    targets: &[TeacherTargets<B>],
+    weighting: Weighting,
+) -> Vec<Option<(f64, f64)>> {
+    targets
+        .iter()
+        .map(|t| match (weighting, t.confidence()) {
+            (Weighting::Adaptive(kind), Some(c)) => Some((kind.of(&c), c.positions as f64)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Pass 1 of a micro-batch: its loss values from a forward pass of the student without a
+/// graph (only when dynamic scaling needs them) and the teachers' confidence.
+fn measure<B: TrainBackend>(
+    student: &Transformer<B>,
+    teachers: &[Teacher<B>],
+    targets: &[TeacherTargets<B>],
+    micro: &MicroBatch,
+    setup: &LossSetup,
+    device: &B::Device,
+) -> Result<MicroValues> {
+    let confidence = confidence(targets, setup.weighting);
+    let (ce, losses) = if setup.dynamic_scaling {
+        let inner = student.valid();
+        let ids = ids_tensor::<B::InnerBackend>(
+            &micro.student_ids,
+            micro.rows,
+            micro.student_len,
+            device,
+        );
+        let padding = padding_tensor::<B::InnerBackend>(
+            &micro.student_padding,
+            micro.rows,
+            micro.student_len,
+            device,
+        );
+        let logits = Tensor::<B, 3>::from_inner(
+            inner
+                .forward(ids, padding)
+                .context("student: forward of pass 1")?,
+        );
+        let next_token = &micro.teachers[0].plan.student.next_token;
+        let ce =
+            ce::loss(logits.clone(), next_token, &setup.params).context("student cross-entropy")?;
+        // W frozen here: pass 1 wants values only, no gradient of any input.
+        let frozen: Vec<_> = teachers
+            .iter()
+            .map(|t| t.projection.clone().map(|w| w.no_grad()))
+            .collect();
+        let losses = teachers
+            .iter()
+            .zip(&frozen)
+            .zip(targets)
+            .map(|((t, w), targets)| {
+                let loss = Loss::new(t.kind, t.tables.as_ref(), w.as_ref())?;
+                Ok(scalar(evaluate(
+                    logits.clone(),
+                    targets,
+                    loss,
+                    &setup.params,
+                )?))
+            })
+            .collect::<Result<Vec<f64>>>()?;
+        (scalar(ce), losses)
+    } else {
+        (0.0, vec![0.0; teachers.len()])
+    };
+    Ok(MicroValues {
+        ce,
+        teachers: losses
+            .into_iter()
+            .zip(confidence)
+            .map(|(loss, confidence)| TeacherValues {
+                loss,
+                alpha: 0.0,
+                confidence,
+            })
+            .collect(),
+    })
+}
+
+fn scalar<B: burn::tensor::backend::Backend>(t: Tensor<B, 1>) -> f64 {
+    t.into_scalar().elem::<f64>()
+}
+
+/// Forward and backward of one micro-batch (pass 2), its terms weighted by `balance`.
+fn micro_step<B: TrainBackend>(
+    student: &Transformer<B>,
+    teachers: &[Teacher<B>],
+    micro: &MicroBatch,
+    targets: &[TeacherTargets<B>],
+    setup: &LossSetup,
+    balance: &Balance<'_>,
+    device: &B::Device,
+) -> Result<MicroOutcome> {
+    let terms = terms(teachers, targets)?;
+    let alphas = match balance.fixed {
+        Some(fixed) => fixed.alphas.clone(),
+        None => multi::alphas(&terms, setup.weighting)?,
+    };
     let ids = ids_tensor::<B>(&micro.student_ids, micro.rows, micro.student_len, device);
     let padding = padding_tensor::<B>(
         &micro.student_padding,
@@ -106,13 +433,25 @@ pub fn micro_step<B: TrainBackend>(
     let backward =
         student.forward_backward(ids, padding, setup.checkpointing, |model, hidden| {
             let logits = model.logits_from_hidden(hidden);
-            let (total, parts) = objective(logits, next_token, &terms, setup)?;
+            let (total, parts) = objective(logits, next_token, &terms, &alphas, setup, balance)?;
             recorded = Some(parts);
-            Ok::<_, Error>(total.mul_scalar(scale))
+            Ok::<_, Error>(total)
         })?;
-    let values = recorded
-        .ok_or_else(|| Error::Run("the loss was not evaluated".into()))?
-        .values();
+    let (ce, losses) = recorded.ok_or_else(|| Error::Run("the loss was not evaluated".into()))?;
+    let confidence = confidence(targets, setup.weighting);
+    let values = MicroValues {
+        ce: scalar(ce),
+        teachers: losses
+            .into_iter()
+            .zip(alphas)
+            .zip(confidence)
+            .map(|((l, alpha), confidence)| TeacherValues {
+                loss: scalar(l),
+                alpha,
+                confidence,
+            })
+            .collect(),
+    };
     let mut rest = backward.rest;
     let projections = teachers
         .iter()
@@ -129,64 +468,57 @@ pub fn micro_step<B: TrainBackend>(
     })
 }
 
-/// `L` of a micro-batch's student logits: cross-entropy and the teachers' weighted losses,
-/// combined by dynamic scaling (or summed); with its parts, detached from the graph so that no
-/// node outlives the backward pass.
+/// A micro-batch's CE and per-teacher losses, off the graph.
+type Parts<B> = (
+    Tensor<<B as AutodiffBackend>::InnerBackend, 1>,
+    Vec<Tensor<<B as AutodiffBackend>::InnerBackend, 1>>,
+);
+
+/// The loss pass 2 differentiates: `ce_share · L_CE + γ Σ_m α_m chunk_share_m L_m`, with `γ`
+/// the step's (fixed) or this micro-batch's own `sg(L_CE / Σ_m α_m L_m)` (floored, see
+/// [`scaling`]), or 1 without dynamic scaling; with its parts, detached from the graph so that
+/// no node outlives the backward pass.
 fn objective<B: AutodiffBackend + XTokenBackend>(
     logits: Tensor<B, 3>,
     next_token: &[i32],
     terms: &[multi::Teacher<'_, B>],
+    alphas: &[f64],
     setup: &LossSetup,
-) -> Result<(Tensor<B, 1>, LossParts<B>)> {
+    balance: &Balance<'_>,
+) -> Result<(Tensor<B, 1>, Parts<B>)> {
     let ce =
         ce::loss(logits.clone(), next_token, &setup.params).context("student cross-entropy")?;
-    let kd = multi::loss(logits, terms, setup.weighting, &setup.params)?;
-    let total = if setup.dynamic_scaling {
-        scaling::dynamic(ce.clone(), kd.total.clone())
-    } else {
-        ce.clone() + kd.total.clone()
-    };
-    let parts = LossParts {
-        total: total.clone().inner(),
-        ce: ce.inner(),
-        kd: kd.total.inner(),
-        per_teacher: kd.per_teacher.into_iter().map(|l| l.inner()).collect(),
-        alphas: kd.alphas,
-    };
-    Ok((total, parts))
-}
-
-/// A micro-batch's loss and its parts, off the graph.
-struct LossParts<B: AutodiffBackend> {
-    total: Tensor<B::InnerBackend, 1>,
-    ce: Tensor<B::InnerBackend, 1>,
-    kd: Tensor<B::InnerBackend, 1>,
-    per_teacher: Vec<Tensor<B::InnerBackend, 1>>,
-    alphas: Vec<f64>,
-}
-
-impl<B: AutodiffBackend> LossParts<B> {
-    /// The values, read back.
-    fn values(self) -> LossValues {
-        let scalar = |t: Tensor<B::InnerBackend, 1>| t.into_scalar().elem::<f64>();
-        LossValues {
-            loss: scalar(self.total),
-            ce: scalar(self.ce),
-            kd: scalar(self.kd),
-            teachers: self
-                .per_teacher
-                .into_iter()
-                .map(scalar)
-                .zip(self.alphas)
-                .collect(),
-        }
+    let kd = multi::with_alphas(logits, terms, alphas.to_vec(), &setup.params)?;
+    let shared: Vec<f64> = alphas
+        .iter()
+        .zip(&balance.chunk_shares)
+        .map(|(a, share)| a * share)
+        .collect();
+    let mut weighted = ce.clone() * balance.ce_share;
+    let mut kd_shared = ce.zeros_like();
+    for (l, a) in kd.per_teacher.iter().zip(&shared) {
+        kd_shared = kd_shared + l.clone() * *a;
     }
+    if setup.dynamic_scaling {
+        let gamma = match balance.fixed.and_then(|f| f.gamma) {
+            Some(gamma) => ce.zeros_like() + gamma,
+            None => scaling::ratio(ce.clone(), kd.total.clone()),
+        };
+        weighted = weighted + kd_shared * gamma;
+    } else {
+        weighted = weighted + kd_shared;
+    }
+    let parts = (
+        ce.inner(),
+        kd.per_teacher.into_iter().map(|l| l.inner()).collect(),
+    );
+    Ok((weighted, parts))
 }
 
 /// What a step reports.
 #[derive(Debug, Clone)]
 pub struct StepOutcome {
-    /// The loss values, averaged over micro-batches and workers.
+    /// The loss values: means over the step's whole batch.
     pub values: LossValues,
     /// The student's gradient norm before clipping.
     pub grad_norm: f64,
@@ -205,8 +537,8 @@ pub struct StepRates {
     pub projection_lr: f64,
 }
 
-/// One optimizer step over this worker's micro-batches of `batch`: accumulate, average over
-/// the workers, clip, and apply. A non-finite loss stops before the weights are touched.
+/// One optimizer step over this worker's micro-batches of `batch`: accumulate, sum over the
+/// workers, clip, and apply. A non-finite loss stops before the weights are touched.
 pub fn step<B: TrainBackend>(
     trainable: &mut Trainable<B>,
     teachers: &mut [Teacher<B>],
@@ -216,8 +548,8 @@ pub fn step<B: TrainBackend>(
     worker: &Worker,
     device: &B::Device,
 ) -> Result<StepOutcome> {
-    let summed = accumulate(&trainable.student, teachers, batch, setup, device)?;
-    let averaged = worker.average(
+    let summed = accumulate(&trainable.student, teachers, batch, setup, worker, device)?;
+    let reduced = worker.sum(
         Exchange {
             student: &trainable.student,
             student_grads: summed.student,
@@ -226,17 +558,25 @@ pub fn step<B: TrainBackend>(
                 .zip(summed.projections)
                 .map(|(t, grads)| t.projection.as_ref().zip(grads))
                 .collect(),
-            values: summed.values,
+            values: summed.sums.pack(),
         },
         device,
     )?;
-    let mut grads = averaged.student_grads;
+    let sums = Sums::unpack(&reduced.values, teachers.len());
+    let values = sums.values(summed.alphas.as_deref(), setup.dynamic_scaling);
+    if !(values.loss.is_finite()) {
+        return Err(Error::Run(format!(
+            "the loss is {} (CE {}, KD {}); stopping before the weights are touched",
+            values.loss, values.ce, values.kd
+        )));
+    }
+    let mut grads = reduced.student_grads;
     let grad_norm = clip_global_norm(&trainable.student, &mut grads, rates.grad_clip);
     trainable.step_student(rates.lr, grads);
     for ((teacher, optim), grads) in teachers
         .iter_mut()
         .zip(&mut trainable.projections)
-        .zip(averaged.projection_grads)
+        .zip(reduced.projection_grads)
     {
         if let (Some(optim), Some(grads)) = (optim.as_mut(), grads) {
             if let Some(w) = teacher.projection.take() {
@@ -244,66 +584,94 @@ pub fn step<B: TrainBackend>(
             }
         }
     }
-    let (values, tokens) = unpack(&averaged.values, teachers.len());
     Ok(StepOutcome {
         values,
         grad_norm,
-        tokens: (tokens * worker.count as f64).round() as u64,
+        tokens: sums.tokens.round() as u64,
     })
 }
 
-/// The sums of a step's micro-batches: gradients, and the values as the workers exchange them.
+/// A worker's share of a step: gradients, and the sums the workers add up.
 struct Summed {
     student: GradientsParams,
     projections: Vec<Option<GradientsParams>>,
-    values: Vec<f64>,
+    sums: Sums,
+    /// The step's α when fixed before the backward passes (else each micro-batch's own).
+    alphas: Option<Vec<f64>>,
 }
 
-/// Forward and backward of every micro-batch, the gradients summed (each loss scaled by
-/// 1 / micro-batches) and the values averaged.
+/// Every micro-batch of the step on this worker: pass 1 when the step's `γ` or α must be
+/// known first, then forward and backward of each, the gradients summed.
 fn accumulate<B: TrainBackend>(
     student: &Transformer<B>,
     teachers: &[Teacher<B>],
     batch: &StepBatch,
     setup: &LossSetup,
+    worker: &Worker,
     device: &B::Device,
 ) -> Result<Summed> {
+    let counts: Vec<Sums> = batch.micro.iter().map(Sums::counts).collect();
+    let pass_one = setup.scope == ScalingScope::Step
+        && setup.measures()
+        && (batch.micro.len() > 1 || worker.count > 1);
+    let mut kept: Vec<Option<Vec<TeacherTargets<B>>>> = batch.micro.iter().map(|_| None).collect();
+    let mut step = Sums::zero(teachers.len());
+    for ((micro, c), slot) in batch.micro.iter().zip(&counts).zip(&mut kept) {
+        if pass_one {
+            let targets = targets(teachers, micro, setup, device)?;
+            let values = measure(student, teachers, &targets, micro, setup, device)?;
+            step.add(&c.clone().with_values(&values));
+            *slot = Some(targets);
+        } else {
+            step.add(c);
+        }
+    }
+    if worker.count > 1 {
+        step = Sums::unpack(
+            &worker.sum_values::<B>(step.pack(), device)?,
+            teachers.len(),
+        );
+    }
+    let fixed = pass_one.then(|| {
+        let statics: Vec<f64> = teachers.iter().map(|t| t.settings.alpha).collect();
+        let alphas = step.alphas(&statics, setup.weighting);
+        let kd: f64 = step
+            .teacher_losses()
+            .iter()
+            .zip(&alphas)
+            .map(|(l, a)| l * a)
+            .sum();
+        Fixed {
+            gamma: setup
+                .dynamic_scaling
+                .then(|| scaling::ratio_of(step.ce(), kd)),
+            alphas,
+        }
+    });
+
     let mut student_acc = GradientsAccumulator::<Transformer<B>>::new();
     let mut w_acc: Vec<Option<GradientsParams>> = teachers.iter().map(|_| None).collect();
-    let mut sums = LossValues {
-        teachers: vec![(0.0, 0.0); teachers.len()],
-        ..LossValues::default()
-    };
-    let mut tokens = 0usize;
-    let count = batch.micro.len();
-    for micro in &batch.micro {
-        let outcome = micro_step(student, teachers, micro, setup, 1.0 / count as f64, device)?;
-        let v = &outcome.values;
-        if !(v.loss.is_finite()) {
-            return Err(Error::Run(format!(
-                "the loss is {} (CE {}, KD {}); stopping before the weights are touched",
-                v.loss, v.ce, v.kd
-            )));
-        }
+    let mut sums = Sums::zero(teachers.len());
+    for ((micro, c), slot) in batch.micro.iter().zip(&counts).zip(kept) {
+        let targets = match slot {
+            Some(targets) => targets,
+            None => targets(teachers, micro, setup, device)?,
+        };
+        let balance = Balance::new(c, &step, fixed.as_ref());
+        let outcome = micro_step(student, teachers, micro, &targets, setup, &balance, device)?;
         student_acc.accumulate(student, outcome.student);
         for ((acc, g), t) in w_acc.iter_mut().zip(outcome.projections).zip(teachers) {
             if let (Some(g), Some(w)) = (g, &t.projection) {
                 *acc = Some(add_grads(w, acc.take(), g));
             }
         }
-        sums.loss += v.loss;
-        sums.ce += v.ce;
-        sums.kd += v.kd;
-        for (s, v) in sums.teachers.iter_mut().zip(&v.teachers) {
-            s.0 += v.0;
-            s.1 += v.1;
-        }
-        tokens += micro.tokens;
+        sums.add(&c.clone().with_values(&outcome.values));
     }
     Ok(Summed {
         student: student_acc.grads(),
         projections: w_acc,
-        values: pack(&sums, count as f64, tokens as f64),
+        sums,
+        alphas: fixed.map(|f| f.alphas),
     })
 }
 
@@ -321,25 +689,73 @@ fn add_grads<B: AutodiffBackend>(
     sum.grads()
 }
 
-/// The values the workers average: `loss, ce, kd` and each teacher's `(L_m, α_m)`, as means
-/// over `n` micro-batches, and this worker's tokens.
-fn pack(sums: &LossValues, n: f64, tokens: f64) -> Vec<f64> {
-    let mut values = vec![sums.loss / n, sums.ce / n, sums.kd / n, tokens];
-    for (l, a) in &sums.teachers {
-        values.extend([l / n, a / n]);
-    }
-    values
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xtoken_core::loss::multi::ConfidenceMeasure;
 
-/// The inverse of [`pack`]: the values and the (averaged) tokens per worker.
-fn unpack(values: &[f64], teachers: usize) -> (LossValues, f64) {
-    let loss_values = LossValues {
-        loss: values[0],
-        ce: values[1],
-        kd: values[2],
-        teachers: (0..teachers)
-            .map(|m| (values[4 + 2 * m], values[5 + 2 * m]))
-            .collect(),
-    };
-    (loss_values, values[3])
+    /// A micro-batch's counts: CE positions and, per teacher, compared chunks.
+    fn counts(positions: f64, chunks: &[f64]) -> Sums {
+        let mut sums = Sums::zero(chunks.len());
+        sums.ce.1 = positions;
+        for (t, &c) in sums.teachers.iter_mut().zip(chunks) {
+            t[1] = c;
+        }
+        sums.tokens = positions + 1.0;
+        sums.micro = 1.0;
+        sums
+    }
+
+    fn values(ce: f64, teachers: &[(f64, f64, f64)]) -> MicroValues {
+        MicroValues {
+            ce,
+            teachers: teachers
+                .iter()
+                .map(|&(loss, confidence, positions)| TeacherValues {
+                    loss,
+                    alpha: 0.0,
+                    confidence: Some((confidence, positions)),
+                })
+                .collect(),
+        }
+    }
+
+    /// Two micro-batches of unequal sizes: the step's CE and `L_m` are the means over their
+    /// positions and chunks (not the mean of the two means), the shares weight each
+    /// micro-batch's means into exactly those, adaptive α is the softmax of the step's mean
+    /// confidence, and the sums survive the workers' exchange format.
+    #[test]
+    fn the_step_weighs_micro_batches_by_their_share() {
+        let (a, b) = (counts(3.0, &[2.0, 5.0]), counts(1.0, &[6.0, 1.0]));
+        let va = values(2.0, &[(0.5, -1.0, 10.0), (0.25, -2.0, 10.0)]);
+        let vb = values(4.0, &[(1.5, -3.0, 30.0), (0.75, -1.0, 30.0)]);
+        let mut step = Sums::zero(2);
+        step.add(&a.clone().with_values(&va));
+        step.add(&b.clone().with_values(&vb));
+        assert_eq!(step.ce(), (3.0 * 2.0 + 4.0) / 4.0);
+        let losses = step.teacher_losses();
+        assert_eq!(losses[0], (2.0 * 0.5 + 6.0 * 1.5) / 8.0);
+        assert_eq!(losses[1], (5.0 * 0.25 + 0.75) / 6.0);
+
+        for (m, mean) in losses.iter().enumerate() {
+            let (sa, sb) = (Balance::new(&a, &step, None), Balance::new(&b, &step, None));
+            let weighted =
+                sa.chunk_shares[m] * va.teachers[m].loss + sb.chunk_shares[m] * vb.teachers[m].loss;
+            assert!((weighted - mean).abs() < 1e-12);
+            assert!((sa.ce_share * va.ce + sb.ce_share * vb.ce - step.ce()).abs() < 1e-12);
+        }
+
+        let adaptive = Weighting::Adaptive(ConfidenceMeasure::NegCrossEntropy);
+        let alphas = step.alphas(&[0.3, 0.7], adaptive);
+        let (c0, c1): (f64, f64) = ((-10.0 - 90.0) / 40.0, (-20.0 - 30.0) / 40.0);
+        let want0 = c0.exp() / (c0.exp() + c1.exp());
+        assert!((alphas[0] - want0).abs() < 1e-12 && (alphas[1] - (1.0 - want0)).abs() < 1e-12);
+        assert_eq!(step.alphas(&[0.3, 0.7], Weighting::Static), vec![0.3, 0.7]);
+
+        let reported = step.values(Some(&alphas), true);
+        let kd = alphas[0] * losses[0] + alphas[1] * losses[1];
+        assert_eq!(reported.kd, kd);
+        assert_eq!(reported.loss, scaling::dynamic_value(step.ce(), kd));
+        assert_eq!(Sums::unpack(&step.pack(), 2), step);
+    }
 }

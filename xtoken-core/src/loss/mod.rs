@@ -119,8 +119,10 @@ pub struct LossParams {
     pub lambda_kl: f64,
     /// Weight of the sorted-L1 term of GOLD, H-KL and ULD (paper: 1).
     pub lambda_uld: f64,
-    /// P-KL evaluates `log(Wᵀp̂_S + eps)`: teacher tokens that no student row reaches cost a
-    /// constant instead of infinity.
+    /// P-KL evaluates `log(p̃_S + eps)`: a kept teacher token that no row of W reaches (or a
+    /// chunk whose student mass lies wholly on W's empty rows) costs the constant
+    /// `q (log q − log eps)` and sends no gradient, instead of an infinite loss (paper: no value
+    /// given; 1e-10, so `−log eps ≈ 23`).
     pub eps: f64,
     /// Rows evaluated at once; bounds the working memory.
     pub row_chunk: usize,
@@ -376,7 +378,7 @@ impl<'a, B: XTokenBackend> Loss<'a, B> {
         }
     }
 
-    /// P-KL: KL against the projected student `Wᵀp̂_S` ([`pkl`]).
+    /// P-KL: KL against the projected, re-normalized student `Wᵀp̂_S` ([`pkl`]).
     pub fn pkl(w: &'a pkl::LearnableProjection<B>) -> Self {
         Self {
             projection: Some(w),

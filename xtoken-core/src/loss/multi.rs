@@ -5,7 +5,7 @@
 
 use burn::tensor::{Tensor, TensorData};
 
-use super::{evaluate, Loss, LossParams, TeacherTargets, XTokenBackend};
+use super::{evaluate, ConfidenceStats, Loss, LossParams, TeacherTargets, XTokenBackend};
 use crate::error::{Error, Result};
 
 /// Which confidence measure drives adaptive α.
@@ -17,6 +17,17 @@ pub enum ConfidenceMeasure {
     NegEntropy,
     /// Mean `max p_T`.
     MaxProb,
+}
+
+impl ConfidenceMeasure {
+    /// This measure of a teacher's statistics.
+    pub fn of(self, stats: &ConfidenceStats) -> f64 {
+        match self {
+            ConfidenceMeasure::NegCrossEntropy => stats.neg_cross_entropy,
+            ConfidenceMeasure::NegEntropy => stats.neg_entropy,
+            ConfidenceMeasure::MaxProb => stats.max_prob,
+        }
+    }
 }
 
 /// How the teachers are weighted.
@@ -81,19 +92,20 @@ pub fn alphas<B: XTokenBackend>(
                         value: format!("adaptive (teacher {m})"),
                         why: "adaptive α needs targets built with TeacherTargets::with_confidence",
                     })?;
-                    Ok(match kind {
-                        ConfidenceMeasure::NegCrossEntropy => c.neg_cross_entropy,
-                        ConfidenceMeasure::NegEntropy => c.neg_entropy,
-                        ConfidenceMeasure::MaxProb => c.max_prob,
-                    })
+                    Ok(kind.of(&c))
                 })
                 .collect::<Result<Vec<f64>>>()?;
-            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let exp: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-            let sum: f64 = exp.iter().sum();
-            Ok(exp.into_iter().map(|e| e / sum).collect())
+            Ok(softmax(&scores))
         }
     }
+}
+
+/// Adaptive α from each teacher's confidence score: `softmax_m(score_m)`.
+pub fn softmax(scores: &[f64]) -> Vec<f64> {
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let exp: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let sum: f64 = exp.iter().sum();
+    exp.into_iter().map(|e| e / sum).collect()
 }
 
 /// Evaluates every teacher's loss on the same student logits `[B, T_S, V_S]` and sums them with
@@ -112,6 +124,24 @@ pub fn loss<B: XTokenBackend>(
         });
     }
     let alphas = alphas(teachers, weighting)?;
+    with_alphas(student_logits, teachers, alphas, params)
+}
+
+/// As [`loss`] with the weights given: α fixed beforehand, e.g. once for a training step of
+/// several micro-batches (each teacher's `alpha` field is not read).
+pub fn with_alphas<B: XTokenBackend>(
+    student_logits: Tensor<B, 3>,
+    teachers: &[Teacher<'_, B>],
+    alphas: Vec<f64>,
+    params: &LossParams,
+) -> Result<MultiTeacherLoss<B>> {
+    if alphas.len() != teachers.len() || alphas.iter().any(|a| !a.is_finite()) {
+        return Err(Error::BadParameter {
+            name: "alphas",
+            value: format!("{alphas:?}"),
+            why: "needs one finite weight per teacher",
+        });
+    }
     let per_teacher = teachers
         .iter()
         .map(|t| evaluate(student_logits.clone(), t.targets, t.loss, params))

@@ -1,6 +1,10 @@
 //! P-KL (paper §2.5): the student's merged distribution is projected into the teacher's
-//! vocabulary through W, `p̃_S = Wᵀ p̂_S`, and compared with `KL(p̂_T ‖ p̃_S)` on the teacher's
-//! top-K. Every student token, common or not, gets teacher-aware supervision.
+//! vocabulary through W and re-normalized over it (the paper's appendix on W),
+//! `p̃_S = Wᵀp̂_S · Σ_s p̂_S[s] / Σ_s r_s p̂_S[s]` with `r_s` W's row sums, and compared with
+//! `KL(p̂_T ‖ p̃_S)` on the teacher's top-K. The re-normalization gives back the mass that W's
+//! empty rows (student tokens no rule maps) would drop, so `p̃_S` carries the student chunk's own
+//! mass (1 for a single-token chunk, the continuation probability for a merged one). Every
+//! student token, common or not, gets teacher-aware supervision.
 //!
 //! W is a [`LearnableProjection`]: its sparsity pattern (the top-4 teacher ids per student row)
 //! is fixed, its values are a softmax over each row's slots, so they stay non-negative and rows
@@ -45,6 +49,13 @@ impl<B: Backend> LearnableProjection<B> {
                 what: "learnable projection",
                 expected: format!("at least the {rows} rows of W"),
                 found: format!("{student_vocab} student logits"),
+            });
+        }
+        if w.indices().iter().all(|&i| i < 0) {
+            return Err(Error::BadParameter {
+                name: "projection",
+                value: format!("{rows} empty rows"),
+                why: "W has no entry: P-KL would project nothing into the teacher vocabulary",
             });
         }
         let k = w.top_k();

@@ -157,18 +157,35 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
         // Placeholders bind the arrays a mode does not read.
         let no_floats = launcher.zeros(1, DType::F32);
         let no_ids = launcher.ints(&[]);
-        let (indices, weights, scattered, kw, vt, lambda) = match &mode {
-            GradMode::Kl => (&no_ids, &no_floats, &no_floats, 1, 1, 0.0),
+        let (indices, weights, scattered, mass, kw, vt, lambda) = match &mode {
+            GradMode::Kl => (&no_ids, &no_floats, &no_floats, &no_floats, 1, 1, 0.0),
             GradMode::Projected {
                 indices,
                 weights,
                 scattered,
+                mass,
                 kw,
-            } => (*indices, *weights, *scattered, *kw, self.teacher_vocab, 0.0),
+            } => (
+                *indices,
+                *weights,
+                *scattered,
+                *mass,
+                *kw,
+                self.teacher_vocab,
+                0.0,
+            ),
             GradMode::Hybrid {
                 student_partner,
                 lambda_uld,
-            } => (*student_partner, &no_floats, &no_floats, 1, 1, *lambda_uld),
+            } => (
+                *student_partner,
+                &no_floats,
+                &no_floats,
+                &no_floats,
+                1,
+                1,
+                *lambda_uld,
+            ),
         };
         let (cubes, dim) = launcher.elementwise(count * self.v);
         unsafe {
@@ -186,6 +203,7 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
                 indices.clone().into_array_arg(),
                 weights.clone().into_array_arg(),
                 scattered.clone().into_array_arg(),
+                mass.clone().into_array_arg(),
                 grad.clone().into_array_arg(),
                 first,
                 count,
@@ -261,11 +279,13 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
 pub(super) enum GradMode<'a, R: CubeRuntime> {
     /// None (KL adds its sparse term afterwards).
     Kl,
-    /// P-KL's gather through W (`[V_S, kw]`) of the chunk's scattered `[chunk, V_T]` `g`.
+    /// P-KL's gather through W (`[V_S, kw]`) of the chunk's scattered `[chunk, V_T]` `g`, with
+    /// each slot's re-normalization mass `ρ`.
     Projected {
         indices: &'a CubeTensor<R>,
         weights: &'a CubeTensor<R>,
         scattered: &'a CubeTensor<R>,
+        mass: &'a CubeTensor<R>,
         kw: usize,
     },
     /// `λ_ULD · a` on the ids without a partner in the common set.

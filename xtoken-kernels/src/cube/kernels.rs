@@ -220,11 +220,67 @@ pub fn kl_grad_sparse<F: Float>(
     }
 }
 
+/// W's row sums `r_s` over the occupied slots, one unit per student id.
+#[cube(launch_unchecked, address_type = "dynamic")]
+pub fn pkl_row_mass(
+    indices: &Array<i32>,
+    weights: &Array<f32>,
+    row_mass: &mut Array<f32>,
+    v: usize,
+    kw: usize,
+) {
+    let s = ABSOLUTE_POS;
+    if s >= v {
+        terminate!();
+    }
+    let mut acc = 0.0f32;
+    for kk in 0..kw {
+        if indices[s * kw + kk] >= 0i32 {
+            acc += weights[s * kw + kk];
+        }
+    }
+    row_mass[s] = acc;
+}
+
+/// Per compared slot of a chunk (one cube each): the student mass that W maps,
+/// `ρ = Σ_s r_s p[row, s]`, the denominator of P-KL's re-normalization.
+#[cube(launch_unchecked, address_type = "dynamic")]
+pub fn pkl_mass<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    valid_row: &Array<i32>,
+    row_mass: &Array<f32>,
+    mass: &mut Array<f32>,
+    first: usize,
+    count: usize,
+    v: usize,
+    t: f32,
+    #[comptime] block: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let local = CUBE_POS;
+    if local >= count {
+        terminate!();
+    }
+    let row = usize::cast_from(valid_row[first + local]);
+    let base = lse[row];
+    let mut acc = 0.0f32;
+    let mut s = UNIT_POS as usize;
+    while s < v {
+        acc += row_mass[s] * (f32::cast_from(z[row * v + s]) * t - base).exp();
+        s += block;
+    }
+    let total = block_sum(acc, block);
+    if UNIT_POS == 0 {
+        mass[local] = total;
+    }
+}
+
 /// P-KL per kept entry `(i, j)` of a chunk of compared slots (`first..first + count`): the
-/// projected student probability through W's column of the teacher id,
-/// `p̃ = e^σ Σ_{e ∈ col(id)} w[e] · p[row, e / kw]`; writes the loss term `q (lq − ln(p̃ + ε))`,
-/// `g = −q / (p̃ + ε)` into the chunk's dense `[count, V_T]` buffer at the id (zero elsewhere),
-/// and `g · p̃` (its share of `Σh`).
+/// re-normalized projected student probability through W's column of the teacher id,
+/// `p̃ = e^σ / ρ · Σ_{e ∈ col(id)} w[e] · p[row, e / kw]` (0 when `ρ = 0`); writes the loss
+/// term `q (lq − ln(p̃ + ε))`, `g = −q / (p̃ + ε)` into the chunk's dense `[count, V_T]` buffer
+/// at the id (zero elsewhere), and `g · p̃` (its share of `Σh`).
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn pkl_entries<F: Float>(
     z: &Array<F>,
@@ -237,6 +293,7 @@ pub fn pkl_entries<F: Float>(
     column_start: &Array<i32>,
     column_entries: &Array<i32>,
     weights: &Array<f32>,
+    mass: &Array<f32>,
     terms: &mut Array<f32>,
     sigma_terms: &mut Array<f32>,
     scattered: &mut Array<f32>,
@@ -270,7 +327,11 @@ pub fn pkl_entries<F: Float>(
             acc += weights[entry] * (f32::cast_from(z[row * v + s]) * t - base).exp();
             e += 1;
         }
-        let projected = sigma[slot].exp() * acc;
+        let rho = mass[local];
+        let mut projected = 0.0f32;
+        if rho > 0.0f32 {
+            projected = sigma[slot].exp() / rho * acc;
+        }
         let q = lq.exp();
         let pt = projected + eps;
         let g = -q / pt;
@@ -319,8 +380,9 @@ pub fn slot_sums(
 }
 
 /// The predicting rows' gradient, written whole: `grad[row, s] = c (h_s − p_s Σh)`. With
-/// `projected`, `h_s = e^σ p_s Σ_k w[s, k] · g[idx[s, k]]` gathers the chunk's scattered `g`
-/// (P-KL's backward through W, in W's own row layout); with `hybrid`, `h_s = λ_ULD e^σ p_s` on
+/// `projected`, `h_s = p_s (e^σ / ρ · Σ_k w[s, k] · g[idx[s, k]] + Σh (1 − r_s / ρ))` gathers
+/// the chunk's scattered `g` (P-KL's backward through W and its re-normalization, in W's own
+/// row layout; 0 when `ρ = 0`); with `hybrid`, `h_s = λ_ULD e^σ p_s` on
 /// the uncommon ids (`indices` is then the student's partner table); otherwise `h` is zero here.
 /// KL and the hybrid objectives add their sparse parts afterwards.
 // The comptime tests stay apart from the runtime ones they guard.
@@ -336,6 +398,7 @@ pub fn predicting_grad<F: Float>(
     indices: &Array<i32>,
     weights: &Array<f32>,
     scattered: &Array<f32>,
+    mass: &Array<f32>,
     grad: &mut Array<F>,
     first: usize,
     count: usize,
@@ -360,14 +423,20 @@ pub fn predicting_grad<F: Float>(
     let p = (f32::cast_from(z[at]) * t - lse[row]).exp();
     let mut h = 0.0f32;
     if comptime![projected] {
-        let mut acc = 0.0f32;
-        for kk in 0..kw {
-            let id = indices[s * kw + kk];
-            if id >= 0i32 {
-                acc += weights[s * kw + kk] * scattered[local * vt + usize::cast_from(id)];
+        let rho = mass[local];
+        if rho > 0.0f32 {
+            let mut acc = 0.0f32;
+            let mut r = 0.0f32;
+            for kk in 0..kw {
+                let id = indices[s * kw + kk];
+                if id >= 0i32 {
+                    let w = weights[s * kw + kk];
+                    acc += w * scattered[local * vt + usize::cast_from(id)];
+                    r += w;
+                }
             }
+            h = p * (sigma[slot].exp() / rho * acc + dsigma[slot] * (1.0f32 - r / rho));
         }
-        h = sigma[slot].exp() * p * acc;
     }
     if comptime![hybrid] {
         // `indices` is the student's partner table: uncommon ids get `λ_ULD · a` (d = 1).
@@ -378,21 +447,23 @@ pub fn predicting_grad<F: Float>(
     grad[at] = F::cast_from(c * (h - p * dsigma[slot]));
 }
 
-/// P-KL's gradient to W's values, one unit per entry `(s, k)`, summing the chunk's slots in
-/// order: `gw[s, k] += scale Σ_i e^σ_i p_i[s] g_i[idx[s, k]]`.
+/// P-KL's gradient to W's values, one unit per student id `s` (its `kw` entries), summing the
+/// chunk's slots in order: `gw[s, k] += scale Σ_i p_i[s] / ρ_i (e^σ_i g_i[idx[s, k]] − Σh_i)`;
+/// the second term is the re-normalization's, through `ρ_i`, on every occupied entry.
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn pkl_grad_weights<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,
     sigma: &Array<f32>,
+    dsigma: &Array<f32>,
     valid_slot: &Array<i32>,
     valid_row: &Array<i32>,
     indices: &Array<i32>,
     scattered: &Array<f32>,
+    mass: &Array<f32>,
     grad_weights: &mut Array<f32>,
     first: usize,
     count: usize,
-    entries: usize,
     kw: usize,
     v: usize,
     vt: usize,
@@ -400,24 +471,26 @@ pub fn pkl_grad_weights<F: Float>(
     scale: f32,
     #[define(F)] _dtype: StorageType,
 ) {
-    if ABSOLUTE_POS >= entries {
+    let s = ABSOLUTE_POS;
+    if s >= v {
         terminate!();
     }
-    let id = indices[ABSOLUTE_POS];
-    if id >= 0i32 {
-        let id = usize::cast_from(id);
-        let s = ABSOLUTE_POS / kw;
-        let mut acc = 0.0f32;
-        for local in 0..count {
-            let g = scattered[local * vt + id];
-            if g != 0.0f32 {
-                let slot = usize::cast_from(valid_slot[first + local]);
-                let row = usize::cast_from(valid_row[first + local]);
-                let p = (f32::cast_from(z[row * v + s]) * t - lse[row]).exp();
-                acc += sigma[slot].exp() * p * g;
+    // The unit owns its row's entries: read-modify-write without races, `p` once per slot.
+    for local in 0..count {
+        let rho = mass[local];
+        if rho > 0.0f32 {
+            let slot = usize::cast_from(valid_slot[first + local]);
+            let row = usize::cast_from(valid_row[first + local]);
+            let weight = scale * (f32::cast_from(z[row * v + s]) * t - lse[row]).exp() / rho;
+            let es = sigma[slot].exp();
+            for kk in 0..kw {
+                let id = indices[s * kw + kk];
+                if id >= 0i32 {
+                    let g = scattered[local * vt + usize::cast_from(id)];
+                    grad_weights[s * kw + kk] += weight * (es * g - dsigma[slot]);
+                }
             }
         }
-        grad_weights[ABSOLUTE_POS] += scale * acc;
     }
 }
 

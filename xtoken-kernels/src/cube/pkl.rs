@@ -1,7 +1,8 @@
-//! P-KL on the device, per chunk of `row_chunk` compared slots: `pkl_entries` (the sparse
-//! projection `Wᵀp̂` at the teacher's kept ids, through W's transposed layout), `slot_sums`,
-//! the predicting rows' gradient (the projection's backward to `p̂`, a gather through W's rows),
-//! `pkl_grad_weights` (to W's values) and `clear_scattered`.
+//! P-KL on the device: W's row sums once (`pkl_row_mass`), then per chunk of `row_chunk`
+//! compared slots: `pkl_mass` (the re-normalization's denominator `ρ` per slot),
+//! `pkl_entries` (the re-normalized projection at the teacher's kept ids, through W's
+//! transposed layout), `slot_sums`, the predicting rows' gradient (the projection's backward to
+//! `p̂`, a gather through W's rows), `pkl_grad_weights` (to W's values) and `clear_scattered`.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::tensor::CubeTensor;
@@ -10,7 +11,7 @@ use burn_cubecl::CubeRuntime;
 use super::distill::{Evaluation, GradMode};
 use super::kernels::{self, BLOCK};
 use super::launch::{as_f32, as_i32, read_i64, shape_of, Cube};
-use crate::checks::{check_id_range, id_range, projection_width};
+use crate::checks::{check_id_range, check_projection_entries, id_range, projection_width};
 use crate::error::KernelError;
 use crate::host::Columns;
 use crate::{LossOutput, ProjectionTensors};
@@ -23,6 +24,10 @@ struct Projection<R: CubeRuntime> {
     kw: usize,
     column_start: CubeTensor<R>,
     column_entries: CubeTensor<R>,
+    /// `r_s`, W's row sums `[V_S]`.
+    row_mass: CubeTensor<R>,
+    /// The chunk's `ρ` per compared slot.
+    mass: CubeTensor<R>,
     /// `g` of the chunk's kept entries, scattered over `[chunk, V_T]` (zero elsewhere).
     scattered: CubeTensor<R>,
     /// The chunk's loss terms and `σ` terms per kept entry.
@@ -50,6 +55,7 @@ impl<R: CubeRuntime> Projection<R> {
             "projection indices",
             "teacher id",
         )?;
+        check_projection_entries(&host_indices)?;
         let weights_dtype = w.weights.dtype;
         let weights = as_f32::<B, R>(w.weights);
         let columns = Columns::new(&host_indices, vt);
@@ -61,6 +67,8 @@ impl<R: CubeRuntime> Projection<R> {
             kw,
             column_start: launcher.ints(&signed(&columns.start)),
             column_entries: launcher.ints(&signed(&columns.slots)),
+            row_mass: launcher.zeros(v, DType::F32),
+            mass: launcher.zeros(e.chunk, DType::F32),
             scattered: launcher.zeros(e.chunk * vt, DType::F32),
             terms: launcher.zeros(e.chunk * e.k, DType::F32),
             sigma_terms: launcher.zeros(e.chunk * e.k, DType::F32),
@@ -76,9 +84,11 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
 ) -> Result<LossOutput<B>, KernelError> {
     let p = Projection::new::<B>(&e, w)?;
     let gw = want_weights.then(|| e.launcher.zeros(e.v * p.kw, DType::F32));
+    row_mass(&e, &p);
     let mut first = 0;
     while first < e.plan.valid {
         let count = e.chunk.min(e.plan.valid - first);
+        mass(&e, &p, (first, count));
         entries(&e, &p, (first, count));
         slot_sums(&e, &p, (first, count));
         e.predicting_grad(
@@ -87,6 +97,7 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
                 indices: &p.indices,
                 weights: &p.weights,
                 scattered: &p.scattered,
+                mass: &p.mass,
                 kw: p.kw,
             },
         );
@@ -104,6 +115,50 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
         }
     });
     e.finish::<B>(grad_weights)
+}
+
+/// `pkl_row_mass`: W's row sums.
+fn row_mass<R: CubeRuntime>(e: &Evaluation<'_, R>, p: &Projection<R>) {
+    let launcher = &e.launcher;
+    let (count, dim) = launcher.elementwise(e.v);
+    unsafe {
+        kernels::pkl_row_mass::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            launcher.address,
+            p.indices.clone().into_array_arg(),
+            p.weights.clone().into_array_arg(),
+            p.row_mass.clone().into_array_arg(),
+            e.v,
+            p.kw,
+        );
+    }
+}
+
+/// `pkl_mass`: `ρ` of each compared slot of the chunk.
+fn mass<R: CubeRuntime>(e: &Evaluation<'_, R>, p: &Projection<R>, (first, n): (usize, usize)) {
+    let launcher = &e.launcher;
+    let (count, dim) = launcher.per_item(n);
+    unsafe {
+        kernels::pkl_mass::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            launcher.address,
+            e.z.clone().into_array_arg(),
+            e.lse.clone().into_array_arg(),
+            e.plan.valid_row.clone().into_array_arg(),
+            p.row_mass.clone().into_array_arg(),
+            p.mass.clone().into_array_arg(),
+            first,
+            n,
+            e.v,
+            e.tau_inv,
+            BLOCK,
+            e.dtype,
+        );
+    }
 }
 
 /// `pkl_entries`: per kept entry of the chunk, its loss term, `σ` term and scattered `g`.
@@ -126,6 +181,7 @@ fn entries<R: CubeRuntime>(e: &Evaluation<'_, R>, p: &Projection<R>, (first, n):
             p.column_start.clone().into_array_arg(),
             p.column_entries.clone().into_array_arg(),
             p.weights.clone().into_array_arg(),
+            p.mass.clone().into_array_arg(),
             p.terms.clone().into_array_arg(),
             p.sigma_terms.clone().into_array_arg(),
             p.scattered.clone().into_array_arg(),
@@ -165,7 +221,7 @@ fn slot_sums<R: CubeRuntime>(e: &Evaluation<'_, R>, p: &Projection<R>, (first, n
     }
 }
 
-/// `pkl_grad_weights`: the chunk's share of W's gradient, a gather per W entry.
+/// `pkl_grad_weights`: the chunk's share of W's gradient, a gather per row of W.
 fn grad_weights<R: CubeRuntime>(
     e: &Evaluation<'_, R>,
     p: &Projection<R>,
@@ -173,7 +229,7 @@ fn grad_weights<R: CubeRuntime>(
     (first, n): (usize, usize),
 ) {
     let launcher = &e.launcher;
-    let (count, dim) = launcher.elementwise(e.v * p.kw);
+    let (count, dim) = launcher.elementwise(e.v);
     unsafe {
         kernels::pkl_grad_weights::launch_unchecked::<R>(
             &launcher.client,
@@ -183,14 +239,15 @@ fn grad_weights<R: CubeRuntime>(
             e.z.clone().into_array_arg(),
             e.lse.clone().into_array_arg(),
             e.sigma.clone().into_array_arg(),
+            e.dsigma.clone().into_array_arg(),
             e.plan.valid_slot.clone().into_array_arg(),
             e.plan.valid_row.clone().into_array_arg(),
             p.indices.clone().into_array_arg(),
             p.scattered.clone().into_array_arg(),
+            p.mass.clone().into_array_arg(),
             gw.clone().into_array_arg(),
             first,
             n,
-            e.v * p.kw,
             p.kw,
             e.v,
             e.teacher_vocab,

@@ -52,9 +52,14 @@ pub(super) struct Scratch {
 
 /// One objective's math on a predicting row.
 pub(super) trait RowLoss: Sync {
-    /// Length of the per-thread W gradient (P-KL with W's gradient requested; else 0).
+    /// Length of the per-thread W buffer (P-KL with W's gradient requested; else 0).
     fn weights_len(&self) -> usize {
         0
+    }
+
+    /// Turns the summed per-thread W buffers into W's gradient `[V_S·K_w]`.
+    fn finish_weights(&self, sum: Vec<f64>) -> Vec<f64> {
+        sum
     }
 
     /// Fills `s.h` (zeroed, with `s.p` the row's softmax) and returns the row's loss; `sigma`
@@ -240,10 +245,11 @@ impl<S: LogitRows> Passes<'_, S> {
         let grad_weights = (len > 0).then(|| {
             let mut parts = scratches.into_iter().map(|s| s.grad_weights);
             let first = parts.next().unwrap_or_else(|| vec![0.0; len]);
-            parts.fold(first, |mut sum, part| {
+            let sum = parts.fold(first, |mut sum, part| {
                 sum.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
                 sum
-            })
+            });
+            objective.finish_weights(sum)
         });
         if self.want_logits && !cont.rows.is_empty() {
             self.continuation_grad(&cont, &dsigma, &mut grad_rows, row_chunk)?;

@@ -2,6 +2,8 @@
 //! empty slots, a common set) with every loss and cross-entropy, on any backend.
 #![allow(dead_code)]
 
+pub mod reference;
+
 use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
@@ -62,15 +64,31 @@ pub fn teacher_spec() -> EntriesSpec {
     }
 }
 
-/// W with every seventh slot empty (-1).
+/// W's ids `[STUDENT_VOCAB, 2]`: every seventh slot empty (-1), and row 4 wholly empty.
+pub fn projection_indices() -> Vec<i64> {
+    (0..STUDENT_VOCAB * 2)
+        .map(|i| {
+            if i % 7 == 3 || i / 2 == 4 {
+                -1
+            } else {
+                (i * 5 % TEACHER_VOCAB) as i64
+            }
+        })
+        .collect()
+}
+
+/// W's weights: 0.5 per occupied slot, so rows with an empty slot sum to 0.5.
+pub fn projection_weights() -> Vec<f32> {
+    projection_indices()
+        .iter()
+        .map(|&t| if t < 0 { 0.0 } else { 0.5 })
+        .collect()
+}
+
+/// W with the ids and weights above.
 pub fn projection<B: Backend>(device: &B::Device) -> ProjectionTensors<B> {
-    let (vs, vt) = (STUDENT_VOCAB, TEACHER_VOCAB);
-    let indices: Vec<i64> = (0..vs * 2)
-        .map(|i| if i % 7 == 3 { -1 } else { (i * 5 % vt) as i64 })
-        .collect();
-    let weights: Vec<f32> = (0..vs * 2)
-        .map(|i| if i % 7 == 3 { 0.0 } else { 0.5 })
-        .collect();
+    let vs = STUDENT_VOCAB;
+    let (indices, weights) = (projection_indices(), projection_weights());
     ProjectionTensors {
         indices: Tensor::<B, 2, Int>::from_data(TensorData::new(indices, [vs, 2]), device)
             .into_primitive(),

@@ -197,15 +197,21 @@ fn naive(inputs: &Inputs, which: Which, k: usize, eps: f64) -> Result<(f64, Grad
                 TensorData::new(inputs.w.weights().to_vec(), [vs * kw]),
                 &device,
             );
-            let contrib = (softmax(s, 1).unsqueeze_dim::<3>(2) * w.reshape([1, vs, kw]))
-                .reshape([n, vs * kw]);
+            // The re-normalization's denominator: the student mass W maps, `Σ_s r_s p_s`.
+            let row_mass: Vec<f32> = (0..vs)
+                .map(|s| (0..kw).map(|k| inputs.w.weights()[s * kw + k]).sum())
+                .collect();
+            let row_mass = Tensor::<A, 1>::from_data(TensorData::new(row_mass, [vs]), &device);
+            let p = softmax(s, 1);
+            let mapped = (p.clone() * row_mass.reshape([1, vs])).sum_dim(1);
+            let contrib = (p.unsqueeze_dim::<3>(2) * w.reshape([1, vs, kw])).reshape([n, vs * kw]);
             let projected = Tensor::<A, 2>::zeros([n, vt + 1], &device).scatter(
                 1,
                 idx.reshape([1, vs * kw]).expand([n, vs * kw]),
                 contrib,
                 IndexingUpdateOp::Add,
             );
-            let at_top = projected.gather(1, top_ids);
+            let at_top = projected.gather(1, top_ids) / mapped;
             (q * (top_logp - (at_top + eps).log())).sum() / n as f64
         }
         Which::Hkl => {

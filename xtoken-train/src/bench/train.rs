@@ -73,6 +73,13 @@ pub struct TrainBenchArgs {
     /// Sequences per micro-batch.
     #[arg(long, default_value_t = 1)]
     micro_batch: usize,
+    /// Micro-batches per step.
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
+    /// Where dynamic scaling's γ is measured; `step,micro-batch` times both in one run (the
+    /// cost of the step scope's extra forward pass, against the micro-batch scope).
+    #[arg(long, value_delimiter = ',', default_value = "step")]
+    scaling_scope: Vec<String>,
     /// Teacher entries kept per chunk.
     #[arg(long, default_value_t = 8192)]
     top_k: usize,
@@ -177,24 +184,43 @@ fn model_dir(
 
 /// Runs the benchmark and prints a Markdown table.
 pub fn run(args: TrainBenchArgs) -> Result<()> {
-    let temp;
-    let work = match &args.work_dir {
-        Some(dir) => dir.clone(),
-        None => {
-            temp = std::env::temp_dir().join(format!("xtoken-bench-train-{}", std::process::id()));
-            temp.clone()
-        }
-    };
+    let work = args.work_dir_or_temp();
     std::fs::create_dir_all(&work)?;
     let (student, teacher) = (work.join("student"), work.join("teacher"));
     model_dir(&student, args.student, &args.student_tokenizer, 1)?;
     model_dir(&teacher, args.teacher, &args.teacher_tokenizer, 2)?;
     let data = work.join("corpus.jsonl");
-    let docs = (args.micro_batch * args.context * (args.steps as usize + 1) / 150).max(8) + 4;
+    let sequences = args.micro_batch * args.grad_accum.max(1);
+    let docs = (sequences * args.context * (args.steps as usize + 1) / 150).max(8) + 4;
     std::fs::write(&data, corpus(docs))?;
-    let run_dir = work.join("run");
-    std::fs::remove_dir_all(&run_dir).ok();
-    let text = format!(
+    let mut rows = Vec::new();
+    for scope in &args.scaling_scope {
+        let run_dir = work.join(format!("run-{scope}"));
+        std::fs::remove_dir_all(&run_dir).ok();
+        let config = RunConfig::parse(&config_text(&args, &run_dir, &data, scope))?;
+        let kind = config.device.parse()?;
+        let timed = on_backend(kind, &[], Steps { config })?;
+        rows.push((scope, timed));
+    }
+    print_table(&args, &rows);
+    if args.work_dir.is_none() {
+        std::fs::remove_dir_all(&work).ok();
+    }
+    Ok(())
+}
+
+/// The run configuration of one timed run.
+fn config_text(
+    args: &TrainBenchArgs,
+    run_dir: &std::path::Path,
+    data: &std::path::Path,
+    scope: &str,
+) -> String {
+    let (student, teacher) = (
+        args.work_dir_or_temp().join("student"),
+        args.work_dir_or_temp().join("teacher"),
+    );
+    format!(
         r#"
 output_dir = {out:?}
 device = {device:?}
@@ -209,11 +235,12 @@ dtype = {dtype:?}
 path = {data:?}
 [training]
 steps = {steps}
-batch_size = {micro}
+batch_size = {batch}
 micro_batch = {micro}
 context_length = {context}
 [loss]
 top_k = {top_k}
+scaling_scope = {scope:?}
 "#,
         out = run_dir.display().to_string(),
         device = args.device,
@@ -223,42 +250,68 @@ top_k = {top_k}
         dtype = args.teacher_dtype,
         data = data.display().to_string(),
         steps = args.steps + 1,
+        batch = args.micro_batch * args.grad_accum.max(1),
         micro = args.micro_batch,
         context = args.context,
         top_k = args.top_k,
-    );
-    let config = RunConfig::parse(&text)?;
-    let kind = config.device.parse()?;
-    let timed = on_backend(kind, &[], Steps { config })?;
-    let tokens: u64 = timed.tokens.iter().sum();
-    let seconds: f64 = timed.seconds.iter().sum();
+    )
+}
+
+/// One row per timed run, and the step scope's time against the micro-batch scope's when both
+/// ran.
+fn print_table(args: &TrainBenchArgs, rows: &[(&String, Timed)]) {
     println!(
-        "| device | student | teacher | loss | micro-batch × context | top-K | s/step | student tokens/s | peak memory |"
+        "| device | student | teacher | loss | micro-batches × sequences × context | top-K | scaling scope | s/step | student tokens/s | peak memory |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let name = |b: Body| match b {
         Body::Tiny => "tiny",
         Body::Llama100m => "100M",
         Body::Llama1b => "Llama-3.2-1B",
         Body::Qwen4b => "Qwen3-4B-sized",
     };
-    println!(
-        "| {} | {} | {} | {} | {} × {} | {} | {:.3} | {:.0} | {:.2} GiB |",
-        args.device,
-        name(args.student),
-        name(args.teacher),
-        args.loss,
-        args.micro_batch,
-        args.context,
-        args.top_k,
-        seconds / timed.seconds.len().max(1) as f64,
-        tokens as f64 / seconds.max(1e-9),
-        timed.peak_bytes as f64 / (1u64 << 30) as f64
-    );
-    if args.work_dir.is_none() {
-        std::fs::remove_dir_all(&work).ok();
+    let per_step = |timed: &Timed| {
+        let seconds: f64 = timed.seconds.iter().sum();
+        (seconds / timed.seconds.len().max(1) as f64, seconds)
+    };
+    for (scope, timed) in rows {
+        let (step, seconds) = per_step(timed);
+        let tokens: u64 = timed.tokens.iter().sum();
+        println!(
+            "| {} | {} | {} | {} | {} × {} × {} | {} | {} | {:.3} | {:.0} | {:.2} GiB |",
+            args.device,
+            name(args.student),
+            name(args.teacher),
+            args.loss,
+            args.grad_accum.max(1),
+            args.micro_batch,
+            args.context,
+            args.top_k,
+            scope,
+            step,
+            tokens as f64 / seconds.max(1e-9),
+            timed.peak_bytes as f64 / (1u64 << 30) as f64
+        );
     }
-    Ok(())
+    let time_of = |wanted: &str| {
+        rows.iter()
+            .find(|(s, _)| *s == wanted)
+            .map(|(_, t)| per_step(t).0)
+    };
+    if let (Some(step), Some(micro)) = (time_of("step"), time_of("micro-batch")) {
+        println!(
+            "\nstep scope / micro-batch scope: {:.2}× the time per step",
+            step / micro.max(1e-12)
+        );
+    }
+}
+
+impl TrainBenchArgs {
+    fn work_dir_or_temp(&self) -> PathBuf {
+        self.work_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("xtoken-bench-train-{}", std::process::id()))
+        })
+    }
 }
 
 /// The timed steps of a run (the warm-up step left out).
