@@ -3,7 +3,7 @@
 //! `fold(0.0, f32::max)` skips NaN (`f32::max` returns the other operand), so a maximum
 //! difference computed that way calls NaN logits or gradients "equal". Every function here
 //! panics instead, naming what was compared and the first index that is not finite.
-//! Values are compared in f64, so f32 and f64 sides mix. [`reference`] holds the losses of
+//! Values are compared in f64, so f32 and f64 sides mix. [`mod@reference`] holds the losses of
 //! one chunk in plain f64.
 
 pub mod reference;
