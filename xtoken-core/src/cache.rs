@@ -138,11 +138,13 @@ fn push_runs(chunk: &Chunk, words: &mut Vec<u32>) -> Result<()> {
     Ok(())
 }
 
-/// Writes a cache: records in order, then the index and header, then renames into place.
+/// Writes a cache: records in order, then the index and header, then renames into place. Dropped
+/// before [`CacheWriter::finish`] (an error on the way), it removes its temporary file.
 pub struct CacheWriter {
     path: PathBuf,
     temp: PathBuf,
-    file: BufWriter<File>,
+    /// `None` once finished.
+    file: Option<BufWriter<File>>,
     metadata: CacheMetadata,
     metadata_len: u64,
     at: u64,
@@ -161,7 +163,7 @@ impl CacheWriter {
         let mut writer = CacheWriter {
             path,
             temp,
-            file: BufWriter::with_capacity(1 << 20, file),
+            file: Some(BufWriter::with_capacity(1 << 20, file)),
             metadata,
             metadata_len: 0,
             at: 0,
@@ -188,9 +190,12 @@ impl CacheWriter {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let temp = &self.temp;
         self.file
+            .as_mut()
+            .ok_or_else(|| Error::io(temp, std::io::Error::other("the cache was finished")))?
             .write_all(bytes)
-            .map_err(|e| Error::io(&self.temp, e))?;
+            .map_err(|e| Error::io(temp, e))?;
         self.at += bytes.len() as u64;
         Ok(())
     }
@@ -245,14 +250,26 @@ impl CacheWriter {
         header[48..56].copy_from_slice(&checksum.to_le_bytes());
         let temp = self.temp.clone();
         let io = |e| Error::io(&temp, e);
-        let mut file = self.file.into_inner().map_err(|e| io(e.into_error()))?;
+        let writer = self
+            .file
+            .take()
+            .ok_or_else(|| io(std::io::Error::other("the cache was finished")))?;
+        let mut file = writer.into_inner().map_err(|e| io(e.into_error()))?;
         file.seek(SeekFrom::Start(0)).map_err(io)?;
         file.write_all(&header).map_err(io)?;
         file.write_all(&json).map_err(io)?;
         file.sync_all().map_err(io)?;
         drop(file);
         std::fs::rename(&self.temp, &self.path).map_err(|e| Error::io(&self.path, e))?;
-        Ok(self.path)
+        Ok(self.path.clone())
+    }
+}
+
+impl Drop for CacheWriter {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            std::fs::remove_file(&self.temp).ok();
+        }
     }
 }
 
@@ -512,6 +529,25 @@ impl AlignCache {
     pub fn verify(&self) -> Result<()> {
         (0..self.docs).try_for_each(|i| self.doc(i).map(|_| ()))
     }
+
+    /// Checks `count` documents spread evenly over the cache, the first and the last among
+    /// them: a quick look before training that a damaged file shows early, while the full check
+    /// of every record stays with each read.
+    pub fn verify_sample(&self, count: usize) -> Result<()> {
+        let n = self.docs;
+        if n == 0 || count == 0 {
+            return Ok(());
+        }
+        let count = count.min(n);
+        let picks = (0..count).map(|k| {
+            if count == 1 {
+                0
+            } else {
+                k * (n - 1) / (count - 1)
+            }
+        });
+        picks.into_iter().try_for_each(|i| self.doc(i).map(|_| ()))
+    }
 }
 
 #[cfg(test)]
@@ -616,6 +652,8 @@ mod tests {
         assert!(err.contains("document 0: checksum mismatch"), "{err}");
         assert!(cache.doc(1).is_ok());
         assert!(cache.verify().is_err());
+        let err = cache.verify_sample(2).unwrap_err().to_string();
+        assert!(err.contains("document 0: checksum mismatch"), "{err}");
         drop(cache);
 
         // Truncation and header damage are refused at open.
@@ -651,5 +689,19 @@ mod tests {
         assert_eq!(runs, &[0xFFFF, 70_000 - 0xFFFF, 1 << 16]);
         let wrong = encode_record(&ids[..5], &[(&[0], &a)]);
         assert!(wrong.is_err());
+    }
+
+    /// A writer dropped before `finish` (an error while aligning) leaves no file behind.
+    #[test]
+    fn an_unfinished_cache_leaves_no_temporary_file() {
+        let dir = std::env::temp_dir().join(format!("xtoken-cache-drop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.xtc");
+        let mut writer = CacheWriter::create(&path, metadata()).unwrap();
+        writer.push(b"12345678", 2).unwrap();
+        assert!(dir.join("c.xtc.tmp").exists());
+        drop(writer);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

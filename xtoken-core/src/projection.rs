@@ -23,6 +23,18 @@ use crate::error::{Error, Result};
 use crate::matching::{ExactMatcher, Partners};
 use crate::vocab::{TokenKind, Vocabulary};
 
+/// Metadata field of a stored projection holding the xxh3-64 of its tensors' bytes (`indices`
+/// then `weights`); files written elsewhere may lack it.
+const CHECKSUM: &str = "data_xxh3";
+
+/// The hex xxh3-64 of W's index bytes followed by its weight bytes.
+fn data_checksum(indices: &[u8], weights: &[u8]) -> String {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    hasher.update(indices);
+    hasher.update(weights);
+    format!("{:016x}", hasher.digest())
+}
+
 /// Value of the `format` metadata field of a stored projection.
 pub const FORMAT: &str = "xtoken-projection/1";
 
@@ -373,7 +385,9 @@ impl SparseProjection {
                 TensorView::new(Dtype::F32, shape, &weight_bytes).map_err(bad)?,
             ),
         ];
-        let bytes = safetensors::serialize(tensors, Some(self.metadata())).map_err(bad)?;
+        let mut metadata = self.metadata();
+        metadata.insert(CHECKSUM.into(), data_checksum(&index_bytes, &weight_bytes));
+        let bytes = safetensors::serialize(tensors, Some(metadata)).map_err(bad)?;
         std::fs::write(path, bytes).map_err(|e| Error::io(path, e))
     }
 
@@ -438,6 +452,14 @@ impl SparseProjection {
         let weight_view = tensors
             .tensor("weights")
             .map_err(|_| fail("no tensor named `weights`".into()))?;
+        if let Some(want) = get(CHECKSUM) {
+            let got = data_checksum(index_view.data(), weight_view.data());
+            if got != want {
+                return Err(fail(format!(
+                    "the tensors' bytes do not match the metadata {CHECKSUM} ({got} where {want} was written): the file is damaged"
+                )));
+            }
+        }
         let shape = index_view.shape().to_vec();
         if shape.len() != 2 || shape[1] == 0 {
             return Err(fail(format!(
@@ -754,6 +776,40 @@ mod tests {
         std::fs::write(&bad, safetensors::serialize(views, None).unwrap()).unwrap();
         let err = SparseProjection::load(&bad).unwrap_err().to_string();
         assert!(err.contains("row 0") && err.contains("sum"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A saved W carries a checksum of its tensors: one flipped bit that every other check
+    /// would pass (a teacher id moved to another valid id) is refused, naming the file.
+    #[test]
+    fn a_damaged_w_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("xtoken-proj-flip-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rows = vec![vec![(2u32, 1.0)], vec![(0, 0.9), (1, 0.1)]];
+        let w = SparseProjection::from_rows(&rows, 8, 2, None).unwrap();
+        let path = dir.join("w.safetensors");
+        w.save(&path).unwrap();
+        assert_eq!(
+            SparseProjection::load(&path).unwrap().indices(),
+            w.indices()
+        );
+        let mut bytes = std::fs::read(&path).unwrap();
+        // The indices [2, -1, 0, 1] as little-endian i32: 2 → 3 stays a valid teacher id.
+        let pattern: Vec<u8> = [2i32, -1, 0, 1]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let at = bytes
+            .windows(pattern.len())
+            .position(|w| w == pattern.as_slice())
+            .unwrap();
+        bytes[at] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let err = SparseProjection::load(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("w.safetensors") && err.contains("damaged"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 

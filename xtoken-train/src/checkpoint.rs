@@ -2,7 +2,14 @@
 //! (burn records in full precision), and `state.json` (step, loader position, tokens, time).
 //! A checkpoint is written to `step-N.tmp-PID/` and renamed into place, so a run killed while
 //! saving leaves only the temporary directory, which [`latest`] removes.
+//!
+//! The last file written before the rename is `manifest.json`: every other file's size and
+//! xxh3-64 checksum. [`latest`] verifies it and never loads a checkpoint whose bytes differ
+//! (a flipped bit, a truncated or missing file, no manifest): it names the file at fault and
+//! falls back to the newest older checkpoint that is intact.
 
+use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use burn::module::Module;
@@ -12,7 +19,7 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
 use crate::data::LoaderState;
-use crate::error::{Context, Result};
+use crate::error::{Context, Error, Result};
 use crate::optim::Trainable;
 use crate::teachers::Teacher;
 
@@ -35,12 +42,134 @@ fn recorder() -> BinFileRecorder<FullPrecisionSettings> {
     BinFileRecorder::<FullPrecisionSettings>::new()
 }
 
-/// The newest complete checkpoint under `dir`, removing interrupted saves.
+/// The file a checkpoint ends with.
+const MANIFEST: &str = "manifest.json";
+
+/// One file of a checkpoint as it was written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct FileSum {
+    bytes: u64,
+    /// xxh3-64 of the bytes, in hex.
+    xxh3: String,
+}
+
+/// Size and checksum of a file, read in 8 MiB pieces.
+fn file_sum(path: &Path) -> Result<FileSum> {
+    let mut file = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut buffer = vec![0u8; 8 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = file
+            .read(&mut buffer)
+            .with_context(|| format!("{}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+        bytes += n as u64;
+    }
+    Ok(FileSum {
+        bytes,
+        xxh3: format!("{:016x}", hasher.digest()),
+    })
+}
+
+/// Every file of `dir` but the manifest, by name.
+fn files(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name != MANIFEST {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Writes `dir`'s manifest: the size and checksum of every other file.
+fn write_manifest(dir: &Path) -> Result<()> {
+    let mut manifest = BTreeMap::new();
+    for name in files(dir)? {
+        manifest.insert(name.clone(), file_sum(&dir.join(&name))?);
+    }
+    std::fs::write(dir.join(MANIFEST), serde_json::to_string_pretty(&manifest)?)
+        .with_context(|| format!("{}: writing {MANIFEST}", dir.display()))
+}
+
+/// Checks `dir` against its manifest; the error names the first file at fault.
+fn verify(dir: &Path) -> std::result::Result<(), String> {
+    let text = std::fs::read_to_string(dir.join(MANIFEST))
+        .map_err(|_| format!("no {MANIFEST} (a save that did not finish, or damaged)"))?;
+    let manifest: BTreeMap<String, FileSum> =
+        serde_json::from_str(&text).map_err(|e| format!("{MANIFEST} is not valid: {e}"))?;
+    for (name, want) in &manifest {
+        let got = file_sum(&dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        if got.bytes != want.bytes {
+            return Err(format!(
+                "{name} holds {} bytes, {} were written",
+                got.bytes, want.bytes
+            ));
+        }
+        if got.xxh3 != want.xxh3 {
+            return Err(format!(
+                "{name} does not match its checksum (xxh3 {} where {} was written): the file is damaged",
+                got.xxh3, want.xxh3
+            ));
+        }
+    }
+    let listed: Vec<&String> = manifest.keys().collect();
+    match files(dir)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|f| !listed.contains(&f))
+    {
+        Some(extra) => Err(format!("{extra} is not in {MANIFEST}")),
+        None => Ok(()),
+    }
+}
+
+/// Whether `dir` holds any finished checkpoint (without verifying it).
+pub fn any(dir: &Path) -> Result<bool> {
+    Ok(!candidates(dir)?.is_empty())
+}
+
+/// The newest checkpoint under `dir` whose files match their manifest, removing interrupted
+/// saves. A damaged checkpoint is reported and skipped for the next older one; when there are
+/// checkpoints and none is intact, that is an error naming each one's fault.
 pub fn latest(dir: &Path) -> Result<Option<(PathBuf, CheckpointState)>> {
-    if !dir.exists() {
+    let found = candidates(dir)?;
+    if found.is_empty() {
         return Ok(None);
     }
-    let mut best: Option<(PathBuf, CheckpointState)> = None;
+    let mut faults = Vec::new();
+    for (path, state) in found {
+        match verify(&path) {
+            Ok(()) => return Ok(Some((path, state))),
+            Err(why) => {
+                eprintln!(
+                    "checkpoint {} is damaged: {why}; trying the previous one",
+                    path.display()
+                );
+                faults.push(format!("{}: {why}", path.display()));
+            }
+        }
+    }
+    Err(Error::Run(format!(
+        "no intact checkpoint in {}: {}",
+        dir.display(),
+        faults.join("; ")
+    )))
+}
+
+/// The finished checkpoints under `dir` with a readable state, newest first, removing
+/// interrupted saves.
+fn candidates(dir: &Path) -> Result<Vec<(PathBuf, CheckpointState)>> {
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let mut found: Vec<(PathBuf, CheckpointState)> = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))? {
         let path = entry?.path();
         let name = path
@@ -62,11 +191,10 @@ pub fn latest(dir: &Path) -> Result<Option<(PathBuf, CheckpointState)>> {
             eprintln!("skipping {}: no readable state.json", path.display());
             continue;
         };
-        if best.as_ref().is_none_or(|(_, b)| state.step > b.step) {
-            best = Some((path, state));
-        }
+        found.push((path, state));
     }
-    Ok(best)
+    found.sort_by_key(|(_, state)| std::cmp::Reverse(state.step));
+    Ok(found)
 }
 
 /// Saves a checkpoint of step `state.step` under `dir` and keeps only the newest `keep`.
@@ -83,6 +211,7 @@ pub fn save<B: AutodiffBackend>(
     write_records(&tmp, trainable, teachers)?;
     std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)
         .with_context(|| format!("{}: writing state.json", tmp.display()))?;
+    write_manifest(&tmp)?;
     if final_dir.exists() {
         std::fs::remove_dir_all(&final_dir).ok();
     }

@@ -62,6 +62,7 @@ pub mod launch;
 pub mod metrics;
 pub mod optim;
 pub mod parallel;
+pub mod paths;
 pub mod rng;
 pub mod run;
 pub mod schedule;

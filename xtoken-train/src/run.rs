@@ -293,7 +293,7 @@ fn open_directory(config: &RunConfig, resume: bool, lead: bool) -> Result<()> {
                 run_toml.display()
             )));
         }
-    } else if checkpoint::latest(&out.join("checkpoints"))?.is_some() {
+    } else if checkpoint::any(&out.join("checkpoints"))? {
         return Err(Error::Run(format!(
             "{} already holds checkpoints: pass --resume to continue that run, or choose another output_dir",
             out.display()

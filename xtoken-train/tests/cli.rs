@@ -361,3 +361,62 @@ fn align_jsonl_to_cache_and_json_lines() {
     assert!(AlignCache::open_verified(&cache, &q, &[&student, &p]).is_err());
     std::fs::remove_dir_all(&work).ok();
 }
+
+/// `align --out` naming its `--input`, and `projection build --out` naming the student's
+/// tokenizer.json, are refused before anything is written (on copies of the tokenizers).
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn outputs_never_replace_inputs() {
+    let work = std::env::temp_dir().join(format!("xtoken-cli-aliases-{}", std::process::id()));
+    let student = work.join("llama-3.2");
+    std::fs::create_dir_all(&student).unwrap();
+    let json = student.join("tokenizer.json");
+    std::fs::copy(tokenizers_dir().join("llama-3.2/tokenizer.json"), &json).unwrap();
+    let qwen = tokenizers_dir().join("qwen3");
+    let data = work.join("d.jsonl");
+    std::fs::write(&data, "{\"text\": \"Hello world.\"}\n").unwrap();
+    let (s, q, d) = (
+        student.to_str().unwrap(),
+        qwen.to_str().unwrap(),
+        data.to_str().unwrap(),
+    );
+
+    let out = xtoken(&[
+        "align",
+        "--student",
+        s,
+        "--teacher",
+        q,
+        "--input",
+        d,
+        "--out",
+        d,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("refusing to overwrite") && err.contains("--input"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&data).unwrap(),
+        "{\"text\": \"Hello world.\"}\n"
+    );
+
+    let before = std::fs::read(&json).unwrap();
+    let out = xtoken(&[
+        "projection",
+        "build",
+        "--student",
+        s,
+        "--teacher",
+        q,
+        "--out",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("the student tokenizer"), "{err}");
+    assert_eq!(std::fs::read(&json).unwrap(), before);
+    std::fs::remove_dir_all(&work).ok();
+}

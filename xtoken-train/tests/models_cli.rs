@@ -180,3 +180,41 @@ fn logits_errors_name_the_token_the_tensor_and_the_file() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `logits --out` naming the input and `convert --out` naming the model directory under another
+/// spelling are refused before anything is written: the inputs keep their bytes.
+#[test]
+fn outputs_never_replace_inputs() {
+    let dir = scratch("aliases");
+    let model = dir.join("m");
+    std::fs::create_dir_all(&model).unwrap();
+    for name in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture("llama3").join(name), model.join(name)).unwrap();
+    }
+    let input = dir.join("x.safetensors");
+    input_file("llama3", "padded", &input);
+    let before = std::fs::read(&input).unwrap();
+    let out = logits_command(&model, &input, &input);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refusing to overwrite"), "{err}");
+    assert_eq!(std::fs::read(&input).unwrap(), before);
+
+    let weights = std::fs::read(model.join("model.safetensors")).unwrap();
+    let spelled = format!("{}/./", model.display());
+    let out = xtoken(&[
+        "convert",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        &spelled,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refusing to overwrite"), "{err}");
+    assert_eq!(
+        std::fs::read(model.join("model.safetensors")).unwrap(),
+        weights
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -81,6 +81,57 @@ fn trains_two_teachers_resumes_exactly_and_saves_the_student() {
 }
 
 /// A snappy-compressed parquet file with an id column and the texts in `text`.
+/// Flips one bit in the middle of `path`.
+fn flip_a_bit(path: &std::path::Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// One flipped bit in the newest checkpoint's student: `--resume` names the file, falls back to
+/// the previous checkpoint and ends with the weights of a run straight through; with every
+/// checkpoint damaged it stops with an error naming each, loading nothing.
+#[test]
+fn a_damaged_checkpoint_is_never_loaded() {
+    let f = fixture("damaged");
+    let straight = config(&f, "straight", "save_dtype = \"f32\"");
+    ok(train(&straight, &[]));
+    let damaged = config(&f, "damaged", "save_dtype = \"f32\"");
+    ok(train(&damaged, &["--stop-after", "4"]));
+    let run = f.dir.0.join("damaged");
+    let checkpoints = run.join("checkpoints");
+    assert!(checkpoints.join("step-00000002/manifest.json").exists());
+    flip_a_bit(&checkpoints.join("step-00000004/student.bin"));
+    let log = ok(train(&damaged, &["--resume"]));
+    assert!(
+        log.contains("step-00000004 is damaged: student.bin does not match its checksum"),
+        "{log}"
+    );
+    assert!(
+        log.contains("resuming from") && log.contains("(step 2)"),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::read(f.dir.0.join("straight/student/model.safetensors")).unwrap(),
+        std::fs::read(run.join("student/model.safetensors")).unwrap(),
+        "resumed from the older checkpoint, the run ends where a straight run ends"
+    );
+
+    for step in ["step-00000004", "step-00000006"] {
+        flip_a_bit(&checkpoints.join(step).join("optim-decay.bin"));
+    }
+    let out = train(&damaged, &["--resume"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no intact checkpoint"), "{err}");
+    assert!(
+        err.contains("step-00000004: optim-decay.bin does not match")
+            && err.contains("step-00000006: optim-decay.bin does not match"),
+        "{err}"
+    );
+}
+
 fn write_parquet(path: &std::path::Path, texts: &[String]) {
     use parquet::basic::Compression;
     use parquet::data_type::{ByteArray, ByteArrayType, Int32Type};

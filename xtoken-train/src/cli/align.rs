@@ -12,6 +12,7 @@ use xtoken_core::cache::{AlignCache, TokenizerRecord};
 use xtoken_core::vocab::Vocabulary;
 use xtoken_train::config::DataFormat;
 use xtoken_train::data::{align_file, load_tokenizers, AlignedText, FileJob, Pipeline};
+use xtoken_train::paths::{refuse_overwriting, tokenizer_files};
 
 /// Scores and band of the alignment DP (defaults: the paper's).
 #[derive(Args, Clone)]
@@ -84,6 +85,20 @@ pub struct AlignArgs {
 
 /// Runs `xtoken align`.
 pub fn run(args: AlignArgs) -> Result<()> {
+    if let Some(out) = &args.out {
+        let mut inputs: Vec<(&str, PathBuf)> = tokenizer_files(&args.student)
+            .into_iter()
+            .map(|p| ("the student tokenizer", p))
+            .collect();
+        for teacher in &args.teacher {
+            inputs.extend(tokenizer_files(teacher).map(|p| ("a teacher tokenizer", p)));
+        }
+        if let Some(input) = &args.input {
+            inputs.push(("the --input data", input.clone()));
+        }
+        let named: Vec<(&str, &Path)> = inputs.iter().map(|(w, p)| (*w, p.as_path())).collect();
+        refuse_overwriting(out, &named)?;
+    }
     let pipeline = Pipeline::load(&args.student, &args.teacher, args.params.params())?;
     match (&args.text, &args.input) {
         (Some(text), _) => {

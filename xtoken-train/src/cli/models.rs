@@ -10,6 +10,7 @@ use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 use clap::{Args, ValueEnum};
 use safetensors::{Dtype, SafeTensors};
 use xtoken_models::{CausalLm, SaveDtype, Transformer};
+use xtoken_train::paths::refuse_overwriting;
 
 type B = NdArray;
 
@@ -110,6 +111,15 @@ fn integers(path: &Path, file: &SafeTensors, name: &str) -> Result<Option<Tensor
 }
 
 pub fn logits(args: LogitsArgs) -> Result<()> {
+    refuse_overwriting(
+        &args.out,
+        &[
+            ("the --input file", &args.input),
+            ("the --model directory", &args.model),
+            ("the model's weights", &args.model.join("model.safetensors")),
+            ("the model's config", &args.model.join("config.json")),
+        ],
+    )?;
     let bytes =
         std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
     let file = SafeTensors::deserialize(&bytes)
@@ -171,9 +181,8 @@ pub fn logits(args: LogitsArgs) -> Result<()> {
 }
 
 pub fn convert(args: ConvertArgs) -> Result<()> {
-    if args.out == args.model {
-        bail!("--out must differ from --model (the weights are read while writing)");
-    }
+    // The weights are read while writing: `--out` must be another directory, however spelled.
+    refuse_overwriting(&args.out, &[("the --model directory", &args.model)])?;
     let start = Instant::now();
     eprintln!("loading {} …", args.model.display());
     let model = Transformer::<B>::load(&args.model, &Default::default())?;

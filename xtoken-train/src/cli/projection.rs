@@ -12,6 +12,8 @@ use xtoken_core::matching::{ExactMatcher, Partners};
 use xtoken_core::projection::{EmptyReason, RowSource, SparseProjection};
 use xtoken_core::vocab::TokenKind;
 
+use xtoken_train::paths::{refuse_overwriting, tokenizer_files};
+
 use super::{PairArgs, ParamArgs};
 
 /// `xtoken projection …`.
@@ -61,6 +63,17 @@ pub struct ShowArgs {
 fn build(args: BuildArgs) -> Result<()> {
     let params = args.params.params();
     params.validate()?;
+    let [student, student_json] = tokenizer_files(&args.pair.student);
+    let [teacher, teacher_json] = tokenizer_files(&args.pair.teacher);
+    refuse_overwriting(
+        &args.out,
+        &[
+            ("the student tokenizer", &student),
+            ("the student tokenizer", &student_json),
+            ("the teacher tokenizer", &teacher),
+            ("the teacher tokenizer", &teacher_json),
+        ],
+    )?;
     let start = Instant::now();
     let (student, teacher) = args.pair.load()?;
     let loaded = start.elapsed();

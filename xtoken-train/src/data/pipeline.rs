@@ -305,6 +305,10 @@ pub fn load_tokenizers(
     Ok((student?, teachers?))
 }
 
+/// Documents of an existing cache checked before training (each document is checked again when
+/// read).
+const SAMPLED_DOCUMENTS: usize = 64;
+
 /// The alignment cache of a run's training data: opened (and checked against the tokenizers,
 /// the source and the alignment settings) when it exists, else built by all cores (or
 /// `data.workers` threads) under a temporary name and renamed into place.
@@ -317,6 +321,7 @@ pub fn open_or_build_cache(
     let teachers: Vec<&Vocabulary> = pipeline.teachers.iter().collect();
     if path.exists() {
         let cache = AlignCache::open_verified(&path, &pipeline.student, &teachers)
+            .and_then(|cache| cache.verify_sample(SAMPLED_DOCUMENTS).map(|_| cache))
             .with_context(|| format!("{} (delete it to rebuild)", path.display()))?;
         let meta = cache.metadata();
         if meta.source != config.data.path || meta.params != config.align_params() {
