@@ -14,7 +14,7 @@ use xtoken_core::loss::{
 use xtoken_core::plan::{BatchPlan, ChunkPlan, MergeVariant, PlanItem};
 use xtoken_core::projection::SparseProjection;
 use xtoken_core::Error;
-use xtoken_testkit::reference;
+use xtoken_testkit::reference::{self, log_softmax, top_k};
 
 type B = Autodiff<NdArray>;
 
@@ -136,12 +136,6 @@ impl Case {
 
 // ---------------------------------------------------------------- the f64 reference
 
-fn log_softmax(z: &[f64], tau: f64) -> Vec<f64> {
-    let max = z.iter().map(|x| x / tau).fold(f64::NEG_INFINITY, f64::max);
-    let lse = max + z.iter().map(|x| (x / tau - max).exp()).sum::<f64>().ln();
-    z.iter().map(|x| x / tau - lse).collect()
-}
-
 /// Merged log-distributions of every compared chunk, in plan order, from one side's logits.
 #[allow(clippy::too_many_arguments)]
 fn merged(
@@ -181,13 +175,6 @@ enum Ref {
     Kl,
     Pkl(Vec<Vec<(usize, f64)>>),
     Hybrid(Vec<(usize, usize)>, f64, f64),
-}
-
-fn top_k(lq: &[f64], k: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..lq.len()).collect();
-    order.sort_by(|&a, &b| lq[b].total_cmp(&lq[a]));
-    order.truncate(k);
-    order
 }
 
 fn reference(

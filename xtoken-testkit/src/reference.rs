@@ -3,6 +3,21 @@
 //! `ls` and `lq` are the chunk's merged log-probabilities of the student (over V_S) and of the
 //! teacher (over V_T); `kept` the teacher ids of its top-K.
 
+/// `log softmax(z / τ)` of one logit row.
+pub fn log_softmax(z: &[f64], tau: f64) -> Vec<f64> {
+    let max = z.iter().map(|x| x / tau).fold(f64::NEG_INFINITY, f64::max);
+    let lse = max + z.iter().map(|x| (x / tau - max).exp()).sum::<f64>().ln();
+    z.iter().map(|x| x / tau - lse).collect()
+}
+
+/// The ids of the `k` largest entries of `lq`, largest first.
+pub fn top_k(lq: &[f64], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..lq.len()).collect();
+    order.sort_by(|&a, &b| lq[b].total_cmp(&lq[a]));
+    order.truncate(k);
+    order
+}
+
 /// The sorted L1 of ULD: both sides sorted descending, the shorter zero-padded.
 pub fn sorted_l1(mut a: Vec<f64>, mut b: Vec<f64>) -> f64 {
     a.sort_by(|x, y| y.total_cmp(x));

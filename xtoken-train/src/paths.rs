@@ -30,11 +30,12 @@ pub fn tokenizer_files(path: &Path) -> [std::path::PathBuf; 2] {
 
 /// Refuses to write `out` when it is one of `inputs` (each named by what it is). An output that
 /// does not exist yet is new, whatever its spelling.
-pub fn refuse_overwriting(out: &Path, inputs: &[(&str, &Path)]) -> Result<()> {
+pub fn refuse_overwriting<P: AsRef<Path>>(out: &Path, inputs: &[(&str, P)]) -> Result<()> {
     let Some(target) = identity(out) else {
         return Ok(());
     };
     for (what, input) in inputs {
+        let input = input.as_ref();
         if identity(input) == Some(target) {
             return Err(Error::Run(format!(
                 "{}: this is {what} ({}); refusing to overwrite an input, choose another output",

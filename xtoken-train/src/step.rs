@@ -90,15 +90,25 @@ pub struct LossValues {
     pub teachers: Vec<(f64, f64)>,
 }
 
+/// The fields of a teacher's step sums (`Sums::teachers`): `Σ c · L_m` and `Σ c` over compared
+/// chunks, `Σ k · confidence` and `Σ k` over the teacher's positions, and `Σ α_m` (micro-batch
+/// scope: the α each micro-batch used). One flat array, so that adding and exchanging them is
+/// one loop.
+const LOSS: usize = 0;
+const CHUNKS: usize = 1;
+const CONFIDENCE: usize = 2;
+const POSITIONS: usize = 3;
+const ALPHA: usize = 4;
+const TEACHER_SUMS: usize = 5;
+
 /// What a micro-batch adds to the step's sums: its CE positions and, per teacher, its compared
 /// chunks (the weights of its means), and with `values`, its loss values and confidence.
 #[derive(Debug, Clone, PartialEq)]
 struct Sums {
     /// `Σ n · L_CE` and `Σ n` over CE positions.
     ce: (f64, f64),
-    /// Per teacher: `Σ c · L_m`, `Σ c` over compared chunks, `Σ k · confidence`, `Σ k` over
-    /// the teacher's positions, and `Σ α_m` (micro-batch scope: the α each micro-batch used).
-    teachers: Vec<[f64; 5]>,
+    /// Per teacher, the sums indexed by `LOSS`, `CHUNKS`, `CONFIDENCE`, `POSITIONS`, `ALPHA`.
+    teachers: Vec<[f64; TEACHER_SUMS]>,
     /// Student tokens.
     tokens: f64,
     /// Micro-batches.
@@ -109,7 +119,7 @@ impl Sums {
     fn zero(teachers: usize) -> Self {
         Sums {
             ce: (0.0, 0.0),
-            teachers: vec![[0.0; 5]; teachers],
+            teachers: vec![[0.0; TEACHER_SUMS]; teachers],
             tokens: 0.0,
             micro: 0.0,
         }
@@ -122,7 +132,7 @@ impl Sums {
         let mut sums = Sums::zero(micro.teachers.len());
         sums.ce.1 = positions as f64;
         for (t, batch) in sums.teachers.iter_mut().zip(&micro.teachers) {
-            t[1] = batch.plan.valid_chunks() as f64;
+            t[CHUNKS] = batch.plan.valid_chunks() as f64;
         }
         sums.tokens = micro.tokens as f64;
         sums.micro = 1.0;
@@ -133,12 +143,12 @@ impl Sums {
     fn with_values(mut self, values: &MicroValues) -> Self {
         self.ce.0 = self.ce.1 * values.ce;
         for (t, v) in self.teachers.iter_mut().zip(&values.teachers) {
-            t[0] = t[1] * v.loss;
+            t[LOSS] = t[CHUNKS] * v.loss;
             if let Some((score, positions)) = v.confidence {
-                t[2] = score * positions;
-                t[3] = positions;
+                t[CONFIDENCE] = score * positions;
+                t[POSITIONS] = positions;
             }
-            t[4] = v.alpha;
+            t[ALPHA] = v.alpha;
         }
         self
     }
@@ -163,7 +173,7 @@ impl Sums {
         Sums {
             ce: (v[0], v[1]),
             teachers: (0..teachers)
-                .map(|m| std::array::from_fn(|i| v[4 + 5 * m + i]))
+                .map(|m| std::array::from_fn(|i| v[4 + TEACHER_SUMS * m + i]))
                 .collect(),
             tokens: v[2],
             micro: v[3],
@@ -186,7 +196,7 @@ impl Sums {
     fn teacher_losses(&self) -> Vec<f64> {
         self.teachers
             .iter()
-            .map(|t| Self::mean(t[0], t[1]))
+            .map(|t| Self::mean(t[LOSS], t[CHUNKS]))
             .collect()
     }
 
@@ -198,7 +208,7 @@ impl Sums {
                 &self
                     .teachers
                     .iter()
-                    .map(|t| Self::mean(t[2], t[3]))
+                    .map(|t| Self::mean(t[CONFIDENCE], t[POSITIONS]))
                     .collect::<Vec<_>>(),
             ),
         }
@@ -212,7 +222,7 @@ impl Sums {
             None => self
                 .teachers
                 .iter()
-                .map(|t| Self::mean(t[4], self.micro))
+                .map(|t| Self::mean(t[ALPHA], self.micro))
                 .collect(),
         };
         let (ce, kd) = (
@@ -272,7 +282,7 @@ impl Balance<'_> {
                 .teachers
                 .iter()
                 .zip(&step.teachers)
-                .map(|(c, s)| Sums::mean(c[1], s[1]))
+                .map(|(c, s)| Sums::mean(c[CHUNKS], s[CHUNKS]))
                 .collect(),
             fixed,
         }
@@ -699,7 +709,7 @@ mod tests {
         let mut sums = Sums::zero(chunks.len());
         sums.ce.1 = positions;
         for (t, &c) in sums.teachers.iter_mut().zip(chunks) {
-            t[1] = c;
+            t[CHUNKS] = c;
         }
         sums.tokens = positions + 1.0;
         sums.micro = 1.0;

@@ -4,7 +4,7 @@
 //! from central differences of it.
 
 use xtoken_kernels::{LossKind, MergePlan};
-use xtoken_testkit::reference;
+use xtoken_testkit::reference::{self, log_softmax, top_k};
 
 use super::Evaluation;
 
@@ -67,12 +67,6 @@ impl Objective {
     }
 }
 
-fn log_softmax(row: &[f64], tau: f64) -> Vec<f64> {
-    let max = row.iter().fold(f64::MIN, |m, &x| m.max(x / tau));
-    let lse = max + row.iter().map(|&x| (x / tau - max).exp()).sum::<f64>().ln();
-    row.iter().map(|&x| x / tau - lse).collect()
-}
-
 /// Per slot, the merged log-distribution (`None` for a skipped slot).
 fn merged(logits: &[f64], v: usize, merge: &MergePlan, tau: f64) -> Vec<Option<Vec<f64>>> {
     let row = |r: usize| log_softmax(&logits[r * v..(r + 1) * v], tau);
@@ -86,13 +80,6 @@ fn merged(logits: &[f64], v: usize, merge: &MergePlan, tau: f64) -> Vec<Option<V
         .zip(&shift)
         .map(|(r, &sigma)| r.map(|r| row(r as usize).into_iter().map(|x| x + sigma).collect()))
         .collect()
-}
-
-fn top_k(lq: &[f64], k: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..lq.len()).collect();
-    order.sort_by(|&a, &b| lq[b].total_cmp(&lq[a]));
-    order.truncate(k);
-    order
 }
 
 /// W's rows as `(teacher id, weight)` lists.

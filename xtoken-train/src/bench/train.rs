@@ -197,7 +197,7 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
     for scope in &args.scaling_scope {
         let run_dir = work.join(format!("run-{scope}"));
         std::fs::remove_dir_all(&run_dir).ok();
-        let config = RunConfig::parse(&config_text(&args, &run_dir, &data, scope))?;
+        let config = RunConfig::parse(&config_text(&args, &work, &run_dir, scope))?;
         let kind = config.device.parse()?;
         let timed = on_backend(kind, &[], Steps { config })?;
         rows.push((scope, timed));
@@ -209,16 +209,17 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The run configuration of one timed run.
+/// The run configuration of one timed run on the models and corpus in `work`.
 fn config_text(
     args: &TrainBenchArgs,
+    work: &std::path::Path,
     run_dir: &std::path::Path,
-    data: &std::path::Path,
     scope: &str,
 ) -> String {
-    let (student, teacher) = (
-        args.work_dir_or_temp().join("student"),
-        args.work_dir_or_temp().join("teacher"),
+    let (student, teacher, data) = (
+        work.join("student"),
+        work.join("teacher"),
+        work.join("corpus.jsonl"),
     );
     format!(
         r#"

@@ -96,8 +96,7 @@ pub fn run(args: AlignArgs) -> Result<()> {
         if let Some(input) = &args.input {
             inputs.push(("the --input data", input.clone()));
         }
-        let named: Vec<(&str, &Path)> = inputs.iter().map(|(w, p)| (*w, p.as_path())).collect();
-        refuse_overwriting(out, &named)?;
+        refuse_overwriting(out, &inputs)?;
     }
     let pipeline = Pipeline::load(&args.student, &args.teacher, args.params.params())?;
     match (&args.text, &args.input) {
