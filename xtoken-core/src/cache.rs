@@ -4,7 +4,7 @@
 //! Layout (little-endian; records 8-byte aligned so ids are read in place from the map):
 //!
 //! ```text
-//! 0   magic "XTKALIGN"           8   version u32 (1), flags u32 (0)
+//! 0   magic "XTKALIGN"           8   version u32 (2), flags u32 (0)
 //! 16  metadata offset u64        24  metadata length u64
 //! 32  index offset u64           40  document count u64
 //! 48  checksum u64: xxh3-64 of bytes 0..48, the metadata and the index
@@ -34,7 +34,9 @@ use crate::plan::ChunkPlan;
 use crate::vocab::Vocabulary;
 
 const MAGIC: &[u8; 8] = b"XTKALIGN";
-const VERSION: u32 = 1;
+/// 2: special-token spellings encoded as text, and chunks only where both sides are at the same
+/// place of the text; caches of version 1 may pair tokens of different places.
+const VERSION: u32 = 2;
 const HEADER_LEN: usize = 64;
 const INDEX_ENTRY: usize = 24;
 

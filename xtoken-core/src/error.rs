@@ -79,6 +79,23 @@ pub enum Error {
     #[error("{path}: no token {token}")]
     UnknownToken { path: PathBuf, token: String },
 
+    /// A two-sided chunk pairs tokens at different places of the text both sequences spell.
+    #[error(
+        "aligning {student} with {teacher}: chunk {chunk} pairs student positions \
+         {student_positions:?} (text bytes {student_bytes}) with teacher positions \
+         {teacher_positions:?} (text bytes {teacher_bytes}); a two-sided chunk must cover the same \
+         bytes of the text on both sides"
+    )]
+    MisplacedChunk {
+        student: PathBuf,
+        teacher: PathBuf,
+        chunk: usize,
+        student_positions: std::ops::Range<usize>,
+        teacher_positions: std::ops::Range<usize>,
+        student_bytes: String,
+        teacher_bytes: String,
+    },
+
     /// A token id is outside the vocabulary it is said to come from.
     #[error(
         "{path}: {side} id {id} at position {position} is outside the vocabulary of {size} ids"

@@ -169,6 +169,11 @@ impl Vocabulary {
                 message: e.to_string(),
             })?;
         tokenizer.with_padding(None);
+        // Text is text: a document that spells `<|im_start|>` or `<|begin_of_text|>` means those
+        // characters, not the control ids (Hugging Face's `split_special_tokens`). Each tokenizer
+        // knows different specials, so matching them in text would make the two sides encode
+        // different texts. The specials the post-processor adds (Llama-3's BOS) keep their role.
+        tokenizer.set_encode_special_tokens(true);
         drop(raw);
         let scheme = detect_scheme(&path, &tokenizer)?;
         let config_roles = read_config_roles(path.parent().unwrap_or(Path::new(".")))?;
@@ -290,6 +295,7 @@ impl Vocabulary {
 
     /// Encodes a document the way the model sees it: the tokenizer's default encoding, with the
     /// special tokens its post-processor adds (Llama-3's BOS; none for Qwen3), never truncated.
+    /// Special-token spellings in the text are encoded as the characters they are.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         self.tokenizer
             .encode_fast(text, true)

@@ -199,6 +199,44 @@ fn align_text_table_and_json() {
 
 #[test]
 #[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn special_token_spellings_align_as_the_text_they_are() {
+    // Each side used to turn its own specials into control ids, and a chunk paired the student's
+    // "<" of `<|im_start|>` with the teacher's "<" of `<|begin_of_text|>`.
+    let dir = tokenizers_dir();
+    let (llama, qwen) = (dir.join("llama-3.2"), dir.join("qwen3"));
+    let out = xtoken(&[
+        "align",
+        "--student",
+        llama.to_str().unwrap(),
+        "--teacher",
+        qwen.to_str().unwrap(),
+        "--text",
+        "<|begin_of_text|>hi<|im_start|>user",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids = |key: &str| -> Vec<u64> {
+        let list = v[key].as_array().unwrap();
+        list.iter().map(|id| id.as_u64().unwrap()).collect()
+    };
+    let (student, teacher) = (ids("student_ids"), ids("teacher_ids"));
+    // Only the BOS Llama-3's post-processor adds is a control id; Qwen3's `<|im_start|>` is not
+    // there.
+    assert_eq!(student.iter().filter(|&&id| id >= 128000).count(), 1);
+    assert!(!teacher.contains(&151644), "{teacher:?}");
+    // Every token but the BOS is paired with the same place of the text: one-to-one here.
+    let chunks = v["chunks"].as_array().unwrap();
+    assert_eq!(chunks[0], serde_json::json!([[0], []]));
+    for (k, chunk) in chunks[1..].iter().enumerate() {
+        assert_eq!(chunk, &serde_json::json!([[k + 1], [k]]), "{chunks:?}");
+    }
+    assert_eq!(chunks.len(), student.len());
+    assert_eq!(student.len(), teacher.len() + 1);
+}
+
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
 fn align_jsonl_to_cache_and_json_lines() {
     use xtoken_core::cache::AlignCache;
     use xtoken_core::vocab::Vocabulary;
@@ -215,7 +253,7 @@ fn align_jsonl_to_cache_and_json_lines() {
     let texts = [
         "Hello world.",
         "π ≈ 3.14159 日本 😀",
-        "",
+        "", // an empty text is skipped, like a blank line
         "def f(x):\n    return x\n",
     ];
     let mut lines: Vec<String> = texts
@@ -239,7 +277,7 @@ fn align_jsonl_to_cache_and_json_lines() {
     let out = xtoken(&[&base[..], &["--out", cache.to_str().unwrap()]].concat());
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("4 documents"),
+        text(&out.stderr).contains("3 documents"),
         "{}",
         text(&out.stderr)
     );
@@ -250,7 +288,7 @@ fn align_jsonl_to_cache_and_json_lines() {
         Vocabulary::load(&phi).unwrap(),
     );
     let opened = AlignCache::open_verified(&cache, &student, &[&q, &p]).unwrap();
-    assert_eq!(opened.len(), 4);
+    assert_eq!(opened.len(), 3);
     opened.verify().unwrap();
 
     // --json prints the same documents, one object per line, in input order.
@@ -260,7 +298,7 @@ fn align_jsonl_to_cache_and_json_lines() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(objects.len(), 4);
+    assert_eq!(objects.len(), 3);
     for (i, object) in objects.iter().enumerate() {
         let doc = opened.doc(i).unwrap();
         assert_eq!(object["student_ids"], serde_json::json!(doc.student_ids));
@@ -294,7 +332,7 @@ fn align_jsonl_to_cache_and_json_lines() {
     );
     let info = xtoken(&["cache", "info", c]);
     assert!(
-        text(&info.stdout).contains("4 documents"),
+        text(&info.stdout).contains("3 documents"),
         "{}",
         text(&info.stderr)
     );
@@ -311,7 +349,7 @@ fn align_jsonl_to_cache_and_json_lines() {
     ];
     let ok = xtoken(&verify);
     assert!(
-        text(&ok.stdout).contains("ok, 4 documents"),
+        text(&ok.stdout).contains("ok, 3 documents"),
         "{}",
         text(&ok.stderr)
     );
@@ -332,14 +370,14 @@ fn align_jsonl_to_cache_and_json_lines() {
     let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
     assert_eq!(shown, objects[1]);
     let mut bytes = std::fs::read(&cache).unwrap();
-    let last_record_byte = bytes.len() - 4 * 24 - 8;
+    let last_record_byte = bytes.len() - 3 * 24 - 8;
     bytes[last_record_byte] ^= 0x55;
     let damaged = work.join("damaged.xtalign");
     std::fs::write(&damaged, &bytes).unwrap();
     let bad = xtoken(&["cache", "verify", damaged.to_str().unwrap()]);
     assert!(!bad.status.success());
     assert!(
-        text(&bad.stderr).contains("document 3: checksum mismatch"),
+        text(&bad.stderr).contains("document 2: checksum mismatch"),
         "{}",
         text(&bad.stderr)
     );

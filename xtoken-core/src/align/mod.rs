@@ -29,6 +29,15 @@
 //! special token (where SentencePiece inserts it again), so both sides spell the same bytes.
 //! Both id sequences are expected to be each tokenizer's encoding of one whole document.
 //!
+//! **Same place.** Both sequences are expected to spell one text; when they do (special tokens
+//! counting no bytes), a match or combination pairs tokens only where they start at the same byte
+//! of it. The paper's scores alone would pair an equal token elsewhere where the two
+//! tokenizations cross (`a|Xa` against `aX|a`: the first `a` with the last scores 3 − 1.5 − 1.5,
+//! more than four gaps). Every alignment is then checked ([`Aligner::verify`]): a two-sided chunk
+//! covering different bytes on the two sides is an [`Error::MisplacedChunk`]. When a tokenizer
+//! changed the text (a normalizer, whitespace an added token swallows), the two texts differ, the
+//! DP pairs by bytes alone as the paper does, and [`Workspace::same_text`] says so.
+//!
 //! **Ties** are broken deterministically, preferring at every cell (walking back from the end):
 //! a diagonal match; a 1-to-k combination, smallest k first; a k-to-1 combination, smallest k
 //! first; a gap, on the side whose text offset is ahead (so a path through an unaligned region
@@ -263,6 +272,14 @@ impl Alignment {
         self.chunks.iter().filter(|c| c.is_aligned())
     }
 
+    /// The two-sided chunks with their index in [`Alignment::chunks`].
+    pub fn aligned_indexed(&self) -> impl Iterator<Item = (usize, &Chunk)> {
+        self.chunks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_aligned())
+    }
+
     /// How many student and teacher positions lie in two-sided chunks.
     pub fn aligned_positions(&self) -> (usize, usize) {
         self.aligned().fold((0, 0), |(s, t), c| {
@@ -304,6 +321,8 @@ struct Sequence {
     band: Vec<u32>,
     class: Vec<u32>,
     special: Vec<bool>,
+    /// The text the sequence spells: its bytes without the special tokens'.
+    text: Vec<u8>,
 }
 
 impl Sequence {
@@ -313,6 +332,7 @@ impl Sequence {
         self.band.clear();
         self.class.clear();
         self.special.clear();
+        self.text.clear();
         self.offset.push(0);
         self.band.push(0);
         let mut band = 0u32;
@@ -344,6 +364,7 @@ impl Sequence {
             self.offset.push(self.bytes.len() as u32);
             if !special {
                 band += bytes.len() as u32;
+                self.text.extend_from_slice(bytes);
             }
             self.band.push(band);
             self.class.push(class);
@@ -378,6 +399,18 @@ pub struct Workspace {
     back: Vec<u8>,
     /// The two-sided chunks of the backtrace, in sequence order.
     pairs: Vec<Chunk>,
+    /// Whether both sides of the pair last loaded spell the same text.
+    same_text: bool,
+}
+
+impl Workspace {
+    /// Whether both sequences of the last pair aligned with this workspace spelled the same text,
+    /// so that every two-sided chunk was placed, and checked, at the same bytes of it on both
+    /// sides. False where a tokenizer changed the text (Qwen3's NFC normalizer on decomposed
+    /// accents, an unknown token): the DP then pairs by bytes alone, as in the paper.
+    pub fn same_text(&self) -> bool {
+        self.same_text
+    }
 }
 
 /// Fixed-point scores.
@@ -488,7 +521,7 @@ impl Aligner {
             let band_width = if full { u32::MAX } else { width };
             let (cells, touched) = self.run(ws, band_width);
             if !touched || full {
-                return Ok(self.finish(ws, band_width, false));
+                return self.checked(ws, band_width, false);
             }
             let wider = width.saturating_mul(2);
             let next_cells = if wider >= full_width {
@@ -497,7 +530,7 @@ impl Aligner {
                 cells.saturating_mul(2)
             };
             if next_cells > MAX_CELLS {
-                return Ok(self.finish(ws, width, true));
+                return self.checked(ws, width, true);
             }
             width = wider;
         }
@@ -508,7 +541,14 @@ impl Aligner {
         let ws = &mut Workspace::default();
         self.load(ws, student, teacher)?;
         self.run(ws, u32::MAX);
-        Ok(self.finish(ws, u32::MAX, false))
+        self.checked(ws, u32::MAX, false)
+    }
+
+    /// [`Aligner::finish`], then the run-time check that every chunk is in its place.
+    fn checked(&self, ws: &mut Workspace, band: u32, edge_reached: bool) -> Result<Alignment> {
+        let alignment = self.finish(ws, band, edge_reached);
+        self.check_places(ws, &alignment)?;
+        Ok(alignment)
     }
 
     /// One DP in a band of half-width `width` (`u32::MAX`: the full table): lays out the band,
@@ -522,7 +562,45 @@ impl Aligner {
 
     fn load(&self, ws: &mut Workspace, student: &[u32], teacher: &[u32]) -> Result<()> {
         ws.student.load(&self.student, student, Side::Student)?;
-        ws.teacher.load(&self.teacher, teacher, Side::Teacher)
+        ws.teacher.load(&self.teacher, teacher, Side::Teacher)?;
+        ws.same_text = ws.student.text == ws.teacher.text;
+        Ok(())
+    }
+
+    /// Checks that every two-sided chunk of `alignment` covers the same bytes of the text on both
+    /// sides (special tokens counting none), when both sequences spell the same text; a chunk that
+    /// does not is an [`Error::MisplacedChunk`]. The DP never makes one; this guards what it
+    /// returns, and alignments read from elsewhere.
+    pub fn verify(&self, student: &[u32], teacher: &[u32], alignment: &Alignment) -> Result<()> {
+        let ws = &mut Workspace::default();
+        self.load(ws, student, teacher)?;
+        self.check_places(ws, alignment)
+    }
+
+    fn check_places(&self, ws: &Workspace, alignment: &Alignment) -> Result<()> {
+        if !ws.same_text {
+            return Ok(());
+        }
+        let (s, t) = (&ws.student.band, &ws.teacher.band);
+        for (index, chunk) in alignment.aligned_indexed() {
+            let (sr, tr) = (chunk.student.range(), chunk.teacher.range());
+            let (student_bytes, teacher_bytes) = (text_range(s, &sr), text_range(t, &tr));
+            if student_bytes.is_none() || student_bytes != teacher_bytes {
+                let show = |r: Option<std::ops::Range<u32>>| {
+                    r.map_or("past the sequence's end".into(), |r| format!("{r:?}"))
+                };
+                return Err(Error::MisplacedChunk {
+                    student: self.student.path.clone(),
+                    teacher: self.teacher.path.clone(),
+                    chunk: index,
+                    student_positions: sr,
+                    teacher_positions: tr,
+                    student_bytes: show(student_bytes),
+                    teacher_bytes: show(teacher_bytes),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Lays out the band for half-width `width` bytes; returns its number of cells.
@@ -570,8 +648,13 @@ impl Aligner {
             row_start,
             score,
             back,
+            same_text,
             ..
         } = ws;
+        // When both sides spell the same text, tokens pair only where they start at the same
+        // byte of it: equal bytes elsewhere are another place of the text, not the same piece.
+        let anchored = *same_text;
+        let placed = |i: usize, j: usize| !anchored || s.band[i] == t.band[j];
         let n = s.len();
         let max_span = self.params.max_span;
         let Scores { exact, comb, gap } = self.scores;
@@ -607,7 +690,9 @@ impl Aligner {
                 } else {
                     UNREACHABLE
                 };
-                let same = i > 0 && j > 0 && s.class[i - 1] == t.class[j - 1];
+                // Equal tokens at different places of the text count as different tokens.
+                let same =
+                    i > 0 && j > 0 && s.class[i - 1] == t.class[j - 1] && placed(i - 1, j - 1);
                 if same {
                     consider(diagonal + exact, MATCH);
                 }
@@ -618,7 +703,10 @@ impl Aligner {
                         if teacher_len > student_len {
                             break;
                         }
-                        if teacher_len == student_len && s.span(i - 1, i) == t.span(j - k, j) {
+                        if teacher_len == student_len
+                            && placed(i - 1, j - k)
+                            && s.span(i - 1, i) == t.span(j - k, j)
+                        {
                             consider(
                                 at(score, i - 1, j - k) + comb * k as i64,
                                 ONE_TO_MANY | k as u8,
@@ -635,7 +723,10 @@ impl Aligner {
                             if student_span > teacher_len {
                                 break;
                             }
-                            if student_span == teacher_len && s.span(i - k, i) == t.span(j - 1, j) {
+                            if student_span == teacher_len
+                                && placed(i - k, j - 1)
+                                && s.span(i - k, i) == t.span(j - 1, j)
+                            {
                                 consider(
                                     at(score, i - k, j - 1) + comb * k as i64,
                                     MANY_TO_ONE | k as u8,
@@ -770,6 +861,11 @@ impl Aligner {
             push_gaps(chunks, student, teacher);
         }
     }
+}
+
+/// The text bytes `positions` cover, given a sequence's text offsets (`None` past its end).
+fn text_range(band: &[u32], positions: &std::ops::Range<usize>) -> Option<std::ops::Range<u32>> {
+    Some(*band.get(positions.start)?..*band.get(positions.end)?)
 }
 
 /// Emits one-sided gap chunks for a student run and a teacher run (either may be empty).

@@ -102,6 +102,80 @@ fn bos_on_one_side_costs_one_gap() {
 }
 
 #[test]
+fn equal_tokens_at_different_places_of_one_text_do_not_pair() {
+    // "aXa" cut crosswise: "a|Xa" against "aX|a". The paper's scores alone would pair the
+    // student's first "a" with the teacher's last (3 − 1.5 − 1.5 = 0 beats four gaps): the same
+    // bytes, two bytes apart in the text.
+    let (mut s, mut t) = (Synth::new(), Synth::new());
+    let student = s.encode(&[b"a", b"Xa"]);
+    let teacher = t.encode(&[b"aX", b"a"]);
+    let other = t.encode(&[b"aY", b"a"]);
+    let al = aligner(&s, &t, AlignParams::default());
+    for a in [
+        al.align(&student, &teacher).unwrap(),
+        al.align_exhaustive(&student, &teacher).unwrap(),
+    ] {
+        assert!(pairs(&a).is_empty(), "{:?}", a.chunks);
+    }
+    // When the texts differ, the DP pairs by bytes alone, as in the paper.
+    let a = al.align(&student, &other).unwrap();
+    assert_eq!(pairs(&a), vec![(vec![0], vec![1])]);
+}
+
+#[test]
+fn a_chunk_out_of_place_is_a_named_error() {
+    let (mut s, mut t) = (Synth::new(), Synth::new());
+    let student = s.encode(&[b"a", b"Xa"]);
+    let teacher = t.encode(&[b"aX", b"a"]);
+    let al = aligner(&s, &t, AlignParams::default());
+    let misplaced = Alignment {
+        chunks: vec![
+            Chunk {
+                student: Positions::new(0, 1),
+                teacher: Positions::new(0, 0),
+                kind: ChunkKind::Gap,
+            },
+            Chunk {
+                student: Positions::new(1, 1),
+                teacher: Positions::new(0, 1),
+                kind: ChunkKind::Gap,
+            },
+            Chunk {
+                student: Positions::new(1, 2),
+                teacher: Positions::new(1, 2),
+                kind: ChunkKind::Match,
+            },
+        ],
+        student_len: 2,
+        teacher_len: 2,
+        score: 0.0,
+        band_bytes: 16,
+        band_edge_reached: false,
+    };
+    let err = al.verify(&student, &teacher, &misplaced).unwrap_err();
+    assert!(
+        matches!(err, Error::MisplacedChunk { chunk: 2, .. }),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    for part in ["chunk 2", "1..2 (text bytes 1..3)", "(text bytes 2..3)"] {
+        assert!(message.contains(part), "{message}");
+    }
+    // A chunk past the sequences is refused too, and a correct alignment passes.
+    let past = Alignment {
+        chunks: vec![Chunk {
+            student: Positions::new(0, 3),
+            teacher: Positions::new(0, 2),
+            kind: ChunkKind::Span,
+        }],
+        ..misplaced
+    };
+    assert!(al.verify(&student, &teacher, &past).is_err());
+    let found = al.align(&student, &teacher).unwrap();
+    al.verify(&student, &teacher, &found).unwrap();
+}
+
+#[test]
 fn combinations_both_ways() {
     let (mut s, mut t) = (Synth::new(), Synth::new());
     // "3.14159": student packs digits, teacher splits them.
@@ -435,7 +509,9 @@ enum Move {
 
 /// The paper's scores, read from the recurrence as written: a combination is a move only where
 /// its indicator holds (with the indicator 0 it would score 0, more than the gaps it replaces,
-/// so the recurrence can only mean the move is unavailable).
+/// so the recurrence can only mean the move is unavailable). When both sides spell the same text,
+/// tokens pair only where they start at the same byte of it (an equal token elsewhere is another
+/// piece of the text, so it counts as different).
 struct Paper<'a> {
     params: AlignParams,
     student: Vec<&'a [u8]>,
@@ -443,21 +519,34 @@ struct Paper<'a> {
 }
 
 impl Paper<'_> {
+    /// Where token `i` of `pieces` starts in the text.
+    fn start(pieces: &[&[u8]], i: usize) -> usize {
+        pieces[..i].iter().map(|p| p.len()).sum()
+    }
+
+    /// Whether student token `i` and teacher token `j` may pair.
+    fn placed(&self, i: usize, j: usize) -> bool {
+        self.student.concat() != self.teacher.concat()
+            || Self::start(&self.student, i) == Self::start(&self.teacher, j)
+    }
+
     /// The moves available at `(i, j)`, with their scores and whether they pair tokens.
     fn moves(&self, i: usize, j: usize) -> Vec<(Move, f64, bool)> {
         let (n, m) = (self.student.len(), self.teacher.len());
         let p = &self.params;
         let mut out = Vec::new();
+        let placed = self.placed(i, j);
         if i < n && j < m {
-            let equal = self.student[i] == self.teacher[j];
+            let equal = self.student[i] == self.teacher[j] && placed;
             let score = if equal { p.alpha_exact } else { -p.alpha_exact };
             out.push((Move::Diagonal, score, equal));
         }
         for k in 2..=p.max_span {
-            if i < n && j + k <= m && self.student[i] == self.teacher[j..j + k].concat() {
+            let combines = |one: &[u8], many: &[&[u8]]| placed && one == many.concat();
+            if i < n && j + k <= m && combines(self.student[i], &self.teacher[j..j + k]) {
                 out.push((Move::OneToMany(k), p.alpha_comb * k as f64, true));
             }
-            if j < m && i + k <= n && self.student[i..i + k].concat() == self.teacher[j] {
+            if j < m && i + k <= n && combines(self.teacher[j], &self.student[i..i + k]) {
                 out.push((Move::ManyToOne(k), p.alpha_comb * k as f64, true));
             }
         }

@@ -147,11 +147,12 @@ pub fn run(args: AlignArgs) -> Result<()> {
                 );
                 for (tally, vocab) in stats.teachers.iter().zip(&pipeline.teachers) {
                     eprintln!(
-                        "  teacher {}: aligned {:.2}% of student and {:.2}% of teacher positions; band widened in {} documents",
+                        "  teacher {}: aligned {:.2}% of student and {:.2}% of teacher positions; band widened in {} documents; text changed by a tokenizer in {} documents",
                         vocab.path().display(),
                         100.0 * tally.student_aligned as f64 / stats.student_tokens.max(1) as f64,
                         100.0 * tally.teacher_aligned as f64 / tally.teacher_tokens.max(1) as f64,
-                        tally.widened
+                        tally.widened,
+                        tally.respelled
                     );
                 }
             }
@@ -201,6 +202,13 @@ fn print_table(
             doc.student_ids.len(),
             ids.len(),
         )?;
+        if doc.respelled.get(t).copied().unwrap_or(false) {
+            writeln!(
+                out,
+                "The two tokenizers spell different texts (a normalizer changed it): chunks pair \
+                 equal bytes, not checked to be the same place of the text.\n"
+            )?;
+        }
         writeln!(out, "| # | kind | student | teacher |\n|---:|---|---|---|")?;
         for (k, chunk) in alignment.chunks.iter().enumerate() {
             let kind = match chunk.kind {
@@ -350,6 +358,7 @@ fn show(
             .iter()
             .map(|c| (c.ids.to_vec(), c.alignment()))
             .collect(),
+        respelled: Vec::new(),
     };
     if json {
         writeln!(std::io::stdout(), "{}", aligned.to_json())?;

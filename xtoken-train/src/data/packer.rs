@@ -234,6 +234,7 @@ impl Packer {
                 );
                 self.teachers
             ],
+            respelled: Vec::new(),
         };
         let mut empty_documents = 0usize;
         loop {

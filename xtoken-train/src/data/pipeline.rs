@@ -36,6 +36,11 @@ pub struct AlignedText {
     pub student_ids: Vec<u32>,
     /// Per teacher: ids and alignment.
     pub teachers: Vec<(Vec<u32>, Alignment)>,
+    /// Per teacher, for a document just aligned: whether that tokenizer spelled another text than
+    /// the student's (a normalizer changed it, as Qwen3's NFC does to decomposed accents), so its
+    /// chunks were paired by bytes alone and not checked in place. Empty when not known (rows
+    /// packed from a cache).
+    pub respelled: Vec<bool>,
 }
 
 impl Pipeline {
@@ -59,14 +64,17 @@ impl Pipeline {
     pub fn process(&self, ws: &mut Workspace, text: &str) -> Result<AlignedText> {
         let student_ids = self.student.encode(text)?;
         let mut teachers = Vec::with_capacity(self.teachers.len());
+        let mut respelled = Vec::with_capacity(self.teachers.len());
         for (vocab, aligner) in self.teachers.iter().zip(&self.aligners) {
             let ids = vocab.encode(text)?;
             let alignment = aligner.align_with(ws, &student_ids, &ids)?;
             teachers.push((ids, alignment));
+            respelled.push(!ws.same_text());
         }
         Ok(AlignedText {
             student_ids,
             teachers,
+            respelled,
         })
     }
 }
@@ -120,17 +128,21 @@ pub struct Tally {
     pub teacher_tokens: u64,
     /// Documents whose DP band had to be widened.
     pub widened: u64,
+    /// Documents this teacher's tokenizer spelled differently from the student's (see
+    /// [`AlignedText::respelled`]).
+    pub respelled: u64,
 }
 
 impl Tally {
     /// Counts one document's alignment against this teacher; `band` is the band it started
     /// with, so a wider one means the DP widened it.
-    fn add(&mut self, teacher_ids: &[u32], alignment: &Alignment, band: u32) {
+    fn add(&mut self, teacher_ids: &[u32], alignment: &Alignment, band: u32, respelled: bool) {
         let (s, t) = alignment.aligned_positions();
         self.student_aligned += s as u64;
         self.teacher_aligned += t as u64;
         self.teacher_tokens += teacher_ids.len() as u64;
         self.widened += u64::from(alignment.band_bytes != band);
+        self.respelled += u64::from(respelled);
     }
 }
 
@@ -189,11 +201,14 @@ pub fn align_file(
         let extractor = reader.extractor();
         let results = pool.install(|| align_batch(pipeline, job, &extractor, &batch));
         for result in results {
-            let (doc, record) = result?;
+            let Some((doc, record)) = result? else {
+                continue;
+            };
             docs += 1;
             student_tokens += doc.student_ids.len() as u64;
-            for (tally, (ids, a)) in tallies.iter_mut().zip(&doc.teachers) {
-                tally.add(ids, a, job.params.band_bytes);
+            for (t, (tally, (ids, a))) in tallies.iter_mut().zip(&doc.teachers).enumerate() {
+                let respelled = doc.respelled.get(t).copied().unwrap_or(false);
+                tally.add(ids, a, job.params.band_bytes, respelled);
             }
             if let (Some(w), Some(record)) = (writer.as_mut(), record) {
                 w.push(&record, doc.student_ids.len())?;
@@ -258,17 +273,20 @@ fn file_progress(reader: &DocumentReader, job: &FileJob<'_>) -> ProgressBar {
 }
 
 /// Tokenizes and aligns a batch of documents on the current thread pool, in input order, with
-/// each document's cache record when the job writes a cache.
+/// each document's cache record when the job writes a cache; `None` for an empty text (skipped).
 fn align_batch(
     pipeline: &Pipeline,
     job: &FileJob<'_>,
     extractor: &TextExtractor,
     batch: &[RawDoc],
-) -> Vec<Result<(AlignedText, Option<Vec<u8>>)>> {
+) -> Vec<Result<Option<(AlignedText, Option<Vec<u8>>)>>> {
     batch
         .par_iter()
         .map_init(Workspace::default, |ws, raw| {
             let text = extractor.text(raw)?;
+            if text.trim().is_empty() {
+                return Ok(None);
+            }
             let doc = pipeline.process(ws, &text).with_context(|| {
                 format!(
                     "{}:{}: aligning this document",
@@ -280,7 +298,7 @@ fn align_batch(
                 Some(_) => Some(doc.record()?),
                 None => None,
             };
-            Ok((doc, record))
+            Ok(Some((doc, record)))
         })
         .collect()
 }
