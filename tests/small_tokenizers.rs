@@ -236,6 +236,37 @@ fn missing_and_malformed_files_name_the_file() {
 }
 
 #[test]
+fn vocabularies_that_would_lose_a_token_are_refused_by_name() {
+    let dir = TempDir::new("ids");
+    let abc = byte_level(&["a", "b", "c"], &[], &[]);
+    let cases = [
+        (byte_level(&[], &[], &[]), "the vocabulary is empty"),
+        (
+            abc.replace(r#""c":2"#, r#""c":1"#),
+            r#"model.vocab gives id 1 to both "b" and "c""#,
+        ),
+        (
+            abc.replace(r#""c":2"#, r#""c":7"#),
+            r#"no token has id 2, but "c" has id 7"#,
+        ),
+    ];
+    for (text, words) in cases {
+        let file = dir.write("tokenizer.json", &text);
+        assert_names(Vocabulary::load(&file).unwrap_err(), &file, words);
+    }
+    // Added tokens may repeat a model entry (Llama-2's `<s>`) and extend the ids.
+    let file = dir.write(
+        "tokenizer.json",
+        &byte_level(
+            &["a", "b", "c"],
+            &[],
+            &[added(2, "c", true), added(3, "<x>", true)],
+        ),
+    );
+    assert_eq!(Vocabulary::load(&file).unwrap().tokenizer_size(), 4);
+}
+
+#[test]
 fn unsupported_tokenizer_families_are_refused_by_name() {
     let dir = TempDir::new("wordpiece");
     let file = dir.write(

@@ -81,19 +81,31 @@ pub enum Error {
 
     /// A two-sided chunk pairs tokens at different places of the text both sequences spell.
     #[error(
-        "aligning {student} with {teacher}: chunk {chunk} pairs student positions \
-         {student_positions:?} (text bytes {student_bytes}) with teacher positions \
-         {teacher_positions:?} (text bytes {teacher_bytes}); a two-sided chunk must cover the same \
-         bytes of the text on both sides"
+        "aligning {student} with {teacher}: chunk {chunk} pairs {pairs}; a two-sided chunk must \
+         cover the same bytes of the text on both sides"
     )]
     MisplacedChunk {
         student: PathBuf,
         teacher: PathBuf,
         chunk: usize,
-        student_positions: std::ops::Range<usize>,
-        teacher_positions: std::ops::Range<usize>,
-        student_bytes: String,
-        teacher_bytes: String,
+        /// Both sides' positions and the text bytes they cover.
+        pairs: String,
+    },
+
+    /// The DP band of a document would need more memory than one alignment may use.
+    #[error(
+        "aligning {student} with {teacher}: a band of band_bytes = {band_bytes} (--band-bytes) \
+         over this document ({} student, {} teacher tokens) needs {cells} DP cells, more than \
+         the {limit} (about {} MB) one alignment may use; give a narrower band (the default is \
+         16 and widens itself where needed)", tokens.0, tokens.1, (limit * 9) >> 20
+    )]
+    BandTooWide {
+        student: PathBuf,
+        teacher: PathBuf,
+        band_bytes: u32,
+        tokens: (usize, usize),
+        cells: usize,
+        limit: usize,
     },
 
     /// A token id is outside the vocabulary it is said to come from.

@@ -175,6 +175,7 @@ impl Vocabulary {
         // different texts. The specials the post-processor adds (Llama-3's BOS) keep their role.
         tokenizer.set_encode_special_tokens(true);
         drop(raw);
+        check_ids(&path, &tokenizer)?;
         let scheme = detect_scheme(&path, &tokenizer)?;
         let config_roles = read_config_roles(path.parent().unwrap_or(Path::new(".")))?;
         let tokens = collect_tokens(&tokenizer, scheme, &config_roles);
@@ -335,6 +336,57 @@ impl Vocabulary {
             }
         }
     }
+}
+
+/// The ids of `tokenizer.json` name each entry once and run from 0 without gaps: two tokens of
+/// one id, or an id past the entry count, would silently lose a token.
+fn check_ids(path: &Path, tokenizer: &Tokenizer) -> Result<()> {
+    let bad = |message: String| {
+        Err(Error::TokenizerParse {
+            path: path.to_path_buf(),
+            message,
+        })
+    };
+    let mut model: Vec<(u32, String)> = tokenizer
+        .get_vocab(false)
+        .into_iter()
+        .map(|(token, id)| (id, token))
+        .collect();
+    model.sort_unstable();
+    if let Some(pair) = model.windows(2).find(|w| w[0].0 == w[1].0) {
+        return bad(format!(
+            "model.vocab gives id {} to both {:?} and {:?}",
+            pair[0].0, pair[0].1, pair[1].1
+        ));
+    }
+    let added = tokenizer.get_added_tokens_decoder();
+    let mut ids: Vec<u32> = model.iter().map(|(id, _)| *id).collect();
+    ids.extend(added.keys().copied());
+    ids.sort_unstable();
+    ids.dedup();
+    let Some(&last) = ids.last() else {
+        return bad("the vocabulary is empty (no model.vocab entry, no added token)".into());
+    };
+    if last as usize + 1 != ids.len() {
+        let missing = (0..)
+            .zip(&ids)
+            .find(|(i, id)| i != *id)
+            .map_or(0, |(i, _)| i);
+        let name = |id: u32| {
+            let in_model = model.binary_search_by_key(&id, |(i, _)| *i).ok();
+            in_model.map_or_else(
+                || added.get(&id).map_or(String::new(), |t| t.content.clone()),
+                |k| model[k].1.clone(),
+            )
+        };
+        return bad(format!(
+            "no token has id {missing}, but {:?} has id {last}: ids must run from 0 to the \
+             number of entries ({}) without gaps",
+            name(last),
+            ids.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Collects the `"type"` fields of a serialized tokenizer component, depth first.

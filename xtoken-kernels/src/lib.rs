@@ -27,6 +27,7 @@
 mod checks;
 #[cfg(feature = "cube")]
 pub mod cube;
+pub mod device;
 pub mod error;
 #[cfg(feature = "fusion")]
 mod fusion;

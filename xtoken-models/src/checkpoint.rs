@@ -64,6 +64,11 @@ impl Checkpoint {
         })
     }
 
+    /// The names of every tensor of the checkpoint, in no particular order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.shard_of.keys().map(String::as_str)
+    }
+
     /// The values of `name` as f32 in the file's row-major order, after checking that its shape
     /// is `shape`.
     pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
@@ -280,20 +285,30 @@ pub fn write_safetensors(
     let views = encoded.iter().map(|e| (e.tensor.name.clone(), e));
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
     let temporary = temporary_path(path);
-    safetensors::serialize_to_file(views, Some(metadata), &temporary).map_err(|e| {
-        ModelError::Safetensors {
+    let written = safetensors::serialize_to_file(views, Some(metadata), &temporary)
+        .map_err(|e| ModelError::Safetensors {
             path: temporary.clone(),
             why: format!("writing failed: {e}"),
-        }
-    })?;
-    std::fs::rename(&temporary, path).map_err(io_error(path))
+        })
+        .and_then(|()| std::fs::rename(&temporary, path).map_err(io_error(path)));
+    removed_on_failure(&temporary, written)
 }
 
 /// Writes `text` to `path` through a temporary file renamed into place.
 pub fn write_atomically(path: &Path, text: &str) -> Result<()> {
     let temporary = temporary_path(path);
-    std::fs::write(&temporary, text).map_err(io_error(&temporary))?;
-    std::fs::rename(&temporary, path).map_err(io_error(path))
+    let written = std::fs::write(&temporary, text)
+        .map_err(io_error(&temporary))
+        .and_then(|()| std::fs::rename(&temporary, path).map_err(io_error(path)));
+    removed_on_failure(&temporary, written)
+}
+
+/// A failed write leaves no temporary file behind (a full disk is not made fuller).
+fn removed_on_failure<T>(temporary: &Path, result: Result<T>) -> Result<T> {
+    if result.is_err() {
+        std::fs::remove_file(temporary).ok();
+    }
+    result
 }
 
 fn temporary_path(path: &Path) -> PathBuf {

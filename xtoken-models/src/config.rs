@@ -265,6 +265,18 @@ impl Architecture {
         let head = if self.tie_word_embeddings { 0 } else { v * h };
         v * h + self.num_hidden_layers * layer + h + head
     }
+
+    /// Roughly the most bytes an f32 forward pass over `[batch, len]` ids holds at once on a
+    /// host backend: the weights, three `[batch, heads, len, len]` attention buffers (scores,
+    /// mask, softmax) and the logits three times (the tensor and two copies on their way to a
+    /// file). Enough to refuse an input that cannot fit before trying it.
+    pub fn forward_bytes(&self, batch: usize, len: usize) -> u64 {
+        let (b, t) = (batch as u64, len as u64);
+        let weights = self.num_parameters() as u64;
+        let attention = 3 * b * self.num_attention_heads as u64 * t * t;
+        let logits = 3 * b * t * self.vocab_size as u64;
+        4 * (weights + attention + logits)
+    }
 }
 
 /// A model directory's `config.json`: the parsed architecture, plus the original JSON so that a

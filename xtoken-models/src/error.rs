@@ -57,6 +57,20 @@ pub enum ModelError {
         id: i64,
         vocab: usize,
     },
+    #[error(
+        "input ids: {len} positions, more than the model's max_position_embeddings = {limit} \
+         (config.json)"
+    )]
+    TooLong { len: usize, limit: usize },
+    #[error(
+        "padding mask: sequence {sequence} has a token at position {token} after padding at \
+         position {padding}; padding must come last (right padding)"
+    )]
+    NotRightPadded {
+        sequence: usize,
+        padding: usize,
+        token: usize,
+    },
     #[error("{what}: expected {expected}, found {found}")]
     Shape {
         what: &'static str,

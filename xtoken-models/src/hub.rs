@@ -93,6 +93,7 @@ impl<B: Backend> Transformer<B> {
         check_dtype::<B>(options.dtype, device)?;
         let config = HfConfig::read(dir)?;
         let checkpoint = Checkpoint::open(dir)?;
+        check_layer_count(&config, &checkpoint)?;
         let mut source = CheckpointSource(&checkpoint);
         let mut builder = Builder {
             source: &mut source,
@@ -252,4 +253,26 @@ fn push_linear<B: Backend>(out: &mut Vec<PendingTensor<'_>>, prefix: String, lin
 
 fn push_norm<B: Backend>(out: &mut Vec<PendingTensor<'_>>, prefix: String, norm: &RmsNorm<B>) {
     out.push(pending(format!("{prefix}.weight"), &norm.gamma, false));
+}
+
+/// The checkpoint holds no layer past `num_hidden_layers`: weights of a deeper model read with a
+/// shallower config would load without a word and compute something else.
+fn check_layer_count(config: &HfConfig, checkpoint: &Checkpoint) -> Result<()> {
+    let layers = config.architecture.num_hidden_layers;
+    let layer_of = |name: &str| -> Option<usize> {
+        let rest = name.strip_prefix("model.layers.")?;
+        rest.split('.').next()?.parse().ok()
+    };
+    let deepest = checkpoint.names().filter_map(layer_of).max();
+    match deepest {
+        Some(layer) if layer >= layers => Err(ModelError::Field {
+            path: config.path.clone(),
+            field: "num_hidden_layers".into(),
+            why: format!(
+                "{layers}, but the checkpoint has tensors of layer {layer} (`model.layers.{layer}.…`): \
+                 the config does not describe these weights"
+            ),
+        }),
+        _ => Ok(()),
+    }
 }

@@ -415,9 +415,27 @@ pub(crate) struct Context<B: Backend> {
     pub mask: Option<Tensor<B, 4, Bool>>,
 }
 
+/// Every sequence's padding (`true`) comes after all its tokens.
+fn check_right_padding(padded: &[bool], len: usize) -> Result<()> {
+    for (sequence, row) in padded.chunks(len).enumerate() {
+        if let Some(padding) = row.iter().position(|&p| p) {
+            if let Some(after) = row[padding..].iter().position(|&p| !p) {
+                return Err(ModelError::NotRightPadded {
+                    sequence,
+                    padding,
+                    token: padding + after,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Pass {
-    /// Checks that there are ids, that they are in the vocabulary (an out-of-range id would
-    /// index past the embedding), and that the padding mask has the ids' shape.
+    /// Checks that there are ids, no more positions than the model was trained for (before the
+    /// `[B, H, T, T]` attention is allocated), that they are in the vocabulary (an out-of-range id
+    /// would index past the embedding), and that the padding mask has the ids' shape and pads on
+    /// the right only (positions count from each sequence's start).
     pub fn new<B: Backend>(
         architecture: &Architecture,
         ids: &Tensor<B, 2, Int>,
@@ -429,6 +447,12 @@ impl Pass {
                 what: "input ids",
                 expected: "at least one sequence of at least one token".into(),
                 found: format!("{:?}", [batch, len]),
+            });
+        }
+        if len > architecture.max_position_embeddings {
+            return Err(ModelError::TooLong {
+                len,
+                limit: architecture.max_position_embeddings,
             });
         }
         // One small host read (B·T ids) both checks and, on failure, locates the bad id.
@@ -477,6 +501,9 @@ impl Pass {
                     .collect(),
             ),
         };
+        if let Some(padded) = padded.as_deref() {
+            check_right_padding(padded, len)?;
+        }
         Ok(Pass { batch, len, padded })
     }
 

@@ -67,33 +67,52 @@ pub fn on_backend<W: OnBackend>(kind: DeviceKind, indices: &[usize], work: W) ->
         ),
         #[cfg(feature = "cuda")]
         DeviceKind::Cuda => {
+            if let Some(missing) = xtoken_kernels::device::missing_cuda_driver() {
+                return Err(Error::Config(format!("device = \"cuda\": {missing}")));
+            }
             let indices = if indices.is_empty() {
                 &[0][..]
             } else {
                 indices
             };
-            work.run::<burn::backend::Autodiff<burn::backend::Cuda>>(
-                indices
-                    .iter()
-                    .map(|&i| burn::backend::cuda::CudaDevice::new(i))
-                    .collect(),
-            )
+            let devices: Vec<_> = indices
+                .iter()
+                .map(|&i| burn::backend::cuda::CudaDevice::new(i))
+                .collect();
+            started::<burn::backend::Cuda>("cuda", &devices)?;
+            work.run::<burn::backend::Autodiff<burn::backend::Cuda>>(devices)
         }
         #[cfg(feature = "wgpu")]
         DeviceKind::Wgpu => {
-            work.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(match indices {
+            let devices = match indices {
                 [] | [_] => vec![Default::default()],
                 many => many
                     .iter()
                     .map(|&i| burn::backend::wgpu::WgpuDevice::DiscreteGpu(i))
                     .collect(),
-            })
+            };
+            started::<burn::backend::Wgpu>("wgpu", &devices)?;
+            work.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(devices)
         }
         #[cfg(not(feature = "cuda"))]
         DeviceKind::Cuda => Err(missing("cuda")),
         #[cfg(not(feature = "wgpu"))]
         DeviceKind::Wgpu => Err(missing("wgpu")),
     }
+}
+
+/// Starts every device on this thread, before any worker touches one: an initialization that
+/// panics (no driver, no adapter, no such device) becomes an error naming the device.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+fn started<B: burn::tensor::backend::Backend>(name: &str, devices: &[B::Device]) -> Result<()> {
+    for device in devices {
+        xtoken_kernels::device::probe::<B>(device).map_err(|why| {
+            Error::Config(format!(
+                "device = \"{name}\": {device:?} could not be started: {why}"
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 #[cfg(not(all(feature = "cuda", feature = "wgpu")))]

@@ -207,18 +207,34 @@ pub fn save<B: AutodiffBackend>(
 ) -> Result<PathBuf> {
     let final_dir = dir.join(format!("step-{:08}", state.step));
     let tmp = dir.join(format!("step-{:08}.tmp-{}", state.step, std::process::id()));
-    std::fs::create_dir_all(&tmp).with_context(|| format!("{}", tmp.display()))?;
-    write_records(&tmp, trainable, teachers)?;
-    std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)
-        .with_context(|| format!("{}: writing state.json", tmp.display()))?;
-    write_manifest(&tmp)?;
-    if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir).ok();
+    let written = write_directory(&tmp, state, trainable, teachers).and_then(|()| {
+        if final_dir.exists() {
+            std::fs::remove_dir_all(&final_dir).ok();
+        }
+        std::fs::rename(&tmp, &final_dir)
+            .with_context(|| format!("renaming {} into place", tmp.display()))
+    });
+    if written.is_err() {
+        // A failed save (a full disk) leaves nothing half written behind.
+        std::fs::remove_dir_all(&tmp).ok();
     }
-    std::fs::rename(&tmp, &final_dir)
-        .with_context(|| format!("renaming {} into place", tmp.display()))?;
+    written?;
     prune(dir, keep)?;
     Ok(final_dir)
+}
+
+/// Writes a checkpoint's files into the directory `tmp`, the manifest last.
+fn write_directory<B: AutodiffBackend>(
+    tmp: &Path,
+    state: &CheckpointState,
+    trainable: &Trainable<B>,
+    teachers: &[Teacher<B>],
+) -> Result<()> {
+    std::fs::create_dir_all(tmp).with_context(|| format!("{}", tmp.display()))?;
+    write_records(tmp, trainable, teachers)?;
+    std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)
+        .with_context(|| format!("{}: writing state.json", tmp.display()))?;
+    write_manifest(tmp)
 }
 
 /// Writes the tensors' records into `dir`.

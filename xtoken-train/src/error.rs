@@ -54,8 +54,12 @@ impl Error {
         let mut text = self.to_string();
         let mut source = std::error::Error::source(self);
         while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
+            // Most errors quote their cause already (`{path}: {source}`).
+            let cause_text = cause.to_string();
+            if !text.contains(&cause_text) {
+                text.push_str(": ");
+                text.push_str(&cause_text);
+            }
             source = cause.source();
         }
         text

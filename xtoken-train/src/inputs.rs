@@ -12,7 +12,7 @@ use xtoken_models::HfConfig;
 
 use crate::config::{RunConfig, TeacherSettings};
 use crate::data::{open_or_build_cache, Pipeline};
-use crate::error::{Context, Result};
+use crate::error::{Context, Error, Result};
 
 /// The tokenizers, model configurations and alignment cache of a run.
 pub struct RunInputs {
@@ -33,6 +33,15 @@ impl RunInputs {
     /// cache, building it first when absent; `progress` draws its progress bar.
     pub fn load(config: &RunConfig, progress: bool) -> Result<Self> {
         let student_config = HfConfig::read(&config.student.model)?;
+        let limit = student_config.architecture.max_position_embeddings;
+        if config.training.context_length > limit {
+            return Err(Error::Config(format!(
+                "training.context_length = {}: more than the student's max_position_embeddings = \
+                 {limit} ({}/config.json)",
+                config.training.context_length,
+                config.student.model.display()
+            )));
+        }
         let settings = config.teacher_settings()?;
         let teacher_configs = settings
             .iter()
@@ -102,9 +111,14 @@ pub fn projection_for(
         std::fs::create_dir_all(parent)?;
     }
     let partial = path.with_extension(format!("{}.partial", std::process::id()));
-    w.save(&partial)?;
-    std::fs::rename(&partial, path)
-        .with_context(|| format!("renaming {} into place", partial.display()))?;
+    let saved = w.save(&partial).map_err(Error::from).and_then(|()| {
+        std::fs::rename(&partial, path)
+            .with_context(|| format!("renaming {} into place", partial.display()))
+    });
+    if saved.is_err() {
+        std::fs::remove_file(&partial).ok();
+    }
+    saved?;
     eprintln!(
         "teacher {}: built W ({} × {}, top-{}) into {}",
         settings.name,

@@ -59,6 +59,7 @@ pub mod data;
 pub mod error;
 pub mod inputs;
 pub mod launch;
+pub mod machine;
 pub mod metrics;
 pub mod optim;
 pub mod parallel;

@@ -81,6 +81,12 @@ impl<B: TrainBackend> Run<B> {
         worker: Worker,
     ) -> Result<Self> {
         let lead = worker.leads();
+        if options.stop_after == Some(0) {
+            return Err(Error::Config(
+                "--stop-after 0: a run stops after a step it trained, from 1 to training.steps"
+                    .into(),
+            ));
+        }
         open_directory(&config, options.resume, lead)?;
         let progress = Progress::new(lead, &config);
         let inputs = RunInputs::load(&config, progress.visible)?;
@@ -96,6 +102,13 @@ impl<B: TrainBackend> Run<B> {
             &device,
             lead,
         )?;
+        if let Some(stop) = options.stop_after.filter(|&stop| stop <= state.step) {
+            return Err(Error::Config(format!(
+                "--stop-after {stop}: the run resumed at step {}, with nothing left to train before \
+                 it; give a later step",
+                state.step
+            )));
+        }
         let names: Vec<String> = teachers.iter().map(|t| t.settings.name.clone()).collect();
         let metrics = lead
             .then(|| MetricsLog::open(&config.output_dir.join("metrics.csv"), &names, state.step))
@@ -395,11 +408,15 @@ fn export_student<B: TrainBackend>(
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).ok();
     }
-    student
+    let saved = student
         .valid()
         .save(&tmp, save_dtype(config.save_dtype()?))
-        .context("saving the student")?;
-    copy_tokenizer(config, &tmp)?;
+        .context("saving the student")
+        .and_then(|()| copy_tokenizer(config, &tmp));
+    if saved.is_err() {
+        std::fs::remove_dir_all(&tmp).ok();
+    }
+    saved?;
     if final_dir.exists() {
         std::fs::remove_dir_all(&final_dir)?;
     }

@@ -126,6 +126,16 @@ impl<B: TrainBackend> Teacher<B> {
         weighting: Weighting,
         device: &B::Device,
     ) -> Result<TeacherTargets<B>> {
+        let limit = self.model.architecture.max_position_embeddings;
+        if batch.len > limit {
+            return Err(Error::Config(format!(
+                "teacher {}: a packed row holds {} of its tokens, more than its \
+                 max_position_embeddings = {limit} ({}/config.json); lower training.context_length",
+                self.settings.name,
+                batch.len,
+                self.settings.model.display()
+            )));
+        }
         let ids = ids_tensor::<B::InnerBackend>(&batch.ids, rows, batch.len, device);
         let padding = padding_tensor::<B::InnerBackend>(&batch.padding, rows, batch.len, device);
         let logits = self

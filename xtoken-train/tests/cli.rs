@@ -6,6 +6,9 @@ mod support;
 use std::process::{Command, Output};
 use support::tokenizers_dir;
 
+#[path = "../../tests/support/tokenizer_json.rs"]
+mod tokenizer_json;
+
 fn xtoken(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_xtoken"))
         .args(args)
@@ -65,6 +68,66 @@ fn errors_name_the_file_and_exit_non_zero_without_a_backtrace() {
         "digits_9",
     ]);
     assert!(text(&out.stderr).contains("unknown audit category `digits_9`"));
+
+    // A tokenizer without a single entry is refused, not built into a W of 0 rows.
+    let dir = std::env::temp_dir().join(format!("xtoken-cli-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty = dir.join("tokenizer.json");
+    std::fs::write(&empty, tokenizer_json::byte_level(&[], &[], &[])).unwrap();
+    let w = dir.join("w.safetensors");
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let out = xtoken(&[
+        "projection",
+        "build",
+        "--student",
+        &path(&empty),
+        "--teacher",
+        &path(&empty),
+        "--out",
+        &path(&w),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("the vocabulary is empty") && err.contains(&path(&empty)),
+        "{err}"
+    );
+    assert!(!w.exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--device cuda` on a machine without the NVIDIA driver: the driver binding would panic; the
+/// run stops with a named error and exit code 1 before anything is read. Built with `cuda` (CI
+/// runs it so, on a machine without a GPU); where the driver is present there is nothing to test.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_without_a_driver_is_a_named_error() {
+    if xtoken_kernels::device::missing_cuda_driver().is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("xtoken-cli-cuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("run.toml");
+    let toml = format!(
+        "output_dir = \"{out}\"\n[student]\nmodel = \"{out}/student\"\n[[teachers]]\n\
+         model = \"{out}/teacher\"\n[data]\npath = \"{out}/d.jsonl\"\n",
+        out = dir.display()
+    );
+    std::fs::write(&config, toml).unwrap();
+    let out = xtoken(&[
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--device",
+        "cuda",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("device = \"cuda\": the CUDA driver library") && !err.contains("panicked"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

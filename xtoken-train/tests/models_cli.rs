@@ -181,6 +181,88 @@ fn logits_errors_name_the_token_the_tensor_and_the_file() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Writes `input_ids` (and an `attention_mask`) of shape `[batch, len]` as a logits input.
+fn write_input(path: &Path, shape: [usize; 2], ids: &[i64], mask: Option<&[i64]>) {
+    let bytes =
+        |values: &[i64]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let (id_bytes, mask_bytes) = (bytes(ids), mask.map(bytes));
+    let mut views = vec![(
+        "input_ids",
+        TensorView::new(Dtype::I64, shape.to_vec(), &id_bytes).unwrap(),
+    )];
+    if let Some(m) = &mask_bytes {
+        views.push((
+            "attention_mask",
+            TensorView::new(Dtype::I64, shape.to_vec(), m).unwrap(),
+        ));
+    }
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+/// A copy of the llama3 fixture with `config.json` fields replaced.
+fn edited_fixture(dir: &Path, fields: serde_json::Value) -> PathBuf {
+    let model = dir.join("edited");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::copy(
+        fixture("llama3").join("model.safetensors"),
+        model.join("model.safetensors"),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(fixture("llama3").join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (key, value) in fields.as_object().unwrap() {
+        config[key] = value.clone();
+    }
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    model
+}
+
+/// Sizes the model or the machine cannot take, masks that are not 0/1 right padding, and a
+/// config that describes fewer layers than the weights hold: each a named error with exit code
+/// 1 and nothing written, never an abort.
+#[test]
+fn logits_refuses_what_the_model_or_the_machine_cannot_take() {
+    let dir = scratch("sizes");
+    let (input, out) = (dir.join("ids.safetensors"), dir.join("logits.safetensors"));
+    let refused = |model: &Path, expected: &[&str]| {
+        let run = logits_command(model, &input, &out);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(1), "{err}");
+        for part in expected {
+            assert!(err.contains(part), "{part:?} not in: {err}");
+        }
+        assert!(!err.contains("panicked") && !out.exists(), "{err}");
+    };
+    let llama = fixture("llama3");
+    // 600 positions for max_position_embeddings = 512.
+    write_input(&input, [1, 600], &[5; 600], None);
+    refused(&llama, &["600 positions", "max_position_embeddings = 512"]);
+    // 60,000 positions a config allows, but not this machine's memory.
+    let long = edited_fixture(&dir, serde_json::json!({"max_position_embeddings": 131072}));
+    write_input(&input, [1, 60_000], &[5; 60_000], None);
+    refused(
+        &long,
+        &["logits over input_ids [1, 60000] needs about", "GB"],
+    );
+    // Masks: a 2, and a token after padding.
+    write_input(&input, [1, 4], &[5, 6, 7, 8], Some(&[1, 1, 2, 0]));
+    refused(
+        &llama,
+        &["attention_mask[0][2] = 2", "1 (token) or 0 (padding)"],
+    );
+    write_input(&input, [2, 3], &[5; 6], Some(&[1, 1, 1, 1, 0, 1]));
+    refused(
+        &llama,
+        &["sequence 1 has a token at position 2 after padding at position 1"],
+    );
+    // The fixture's weights have 2 layers; a config of 1 layer would ignore one.
+    std::fs::remove_dir_all(&long).unwrap();
+    let shallow = edited_fixture(&dir, serde_json::json!({"num_hidden_layers": 1}));
+    write_input(&input, [1, 4], &[5, 6, 7, 8], None);
+    refused(&shallow, &["num_hidden_layers", "tensors of layer 1"]);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// `logits --out` naming the input and `convert --out` naming the model directory under another
 /// spelling are refused before anything is written: the inputs keep their bytes.
 #[test]

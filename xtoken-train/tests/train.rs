@@ -264,6 +264,79 @@ fn bad_configurations_name_the_key() {
         err.contains("train.jsonl:2") && err.contains("text"),
         "{err}"
     );
+    // The failed run leaves no temporary file: the cache is only ever half written under one.
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(temporary_files(&f.dir.0.join("data")), Vec::<String>::new());
+}
+
+/// Files under `dir` (recursively) whose names mark them temporary.
+fn temporary_files(dir: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(temporary_files(&path));
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.contains(".partial") || name.contains(".tmp") {
+            found.push(path.display().to_string());
+        }
+    }
+    found
+}
+
+/// Replaces one field of a model directory's `config.json`.
+fn set_config_field(model: &std::path::Path, key: &str, value: serde_json::Value) {
+    let path = model.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config[key] = value;
+    std::fs::write(&path, config.to_string()).unwrap();
+}
+
+#[test]
+fn sizes_and_stops_a_run_cannot_take_are_named_errors() {
+    let f = fixture("sizes");
+    let refused = |name: &str, extra: &[&str], expected: &[&str]| {
+        let out = train(&config(&f, name, ""), extra);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        for part in expected {
+            assert!(err.contains(part), "{part:?} not in: {err}");
+        }
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    // context_length = 24 for a student trained on 16 positions.
+    set_config_field(&f.student, "max_position_embeddings", 16.into());
+    refused(
+        "student",
+        &[],
+        &[
+            "training.context_length = 24",
+            "max_position_embeddings = 16",
+        ],
+    );
+    set_config_field(&f.student, "max_position_embeddings", 131072.into());
+    // The digit-splitting teacher needs more positions for the same rows than it has.
+    set_config_field(&f.teacher, "max_position_embeddings", 20.into());
+    refused(
+        "teacher",
+        &[],
+        &[
+            "teacher digits: a packed row holds",
+            "max_position_embeddings = 20",
+        ],
+    );
+    set_config_field(&f.teacher, "max_position_embeddings", 131072.into());
+    // A stop before any step, or at a step a resumed run has passed.
+    refused("zero", &["--stop-after", "0"], &["--stop-after 0"]);
+    ok(train(&config(&f, "resumed", ""), &["--stop-after", "4"]));
+    refused(
+        "resumed",
+        &["--resume", "--stop-after", "2"],
+        &["--stop-after 2: the run resumed at step 4"],
+    );
+    assert!(f.dir.0.join("resumed/checkpoints/step-00000004").exists());
 }
 
 /// The real pipeline at full vocabulary widths: Llama-3.2's tokenizer for the student, Qwen3's

@@ -74,7 +74,8 @@ use crate::vocab::{TokenKind, Vocabulary};
 const SCORE_SCALE: f64 = 1024.0;
 /// Score of an unreachable cell; far enough from `i64::MIN` that adding scores cannot overflow.
 const UNREACHABLE: i64 = i64::MIN / 4;
-/// The most cells a widened band may hold before widening stops (≈ 9 bytes each).
+/// The most cells a band may hold (≈ 9 bytes each, 600 MB): widening stops before it, and a
+/// band wider from the start is refused.
 const MAX_CELLS: usize = 1 << 26;
 
 // Backpointers: which move reached a cell.
@@ -519,7 +520,7 @@ impl Aligner {
         loop {
             let full = width >= full_width;
             let band_width = if full { u32::MAX } else { width };
-            let (cells, touched) = self.run(ws, band_width);
+            let touched = self.run(ws, band_width, self.params.band_bytes)?;
             if !touched || full {
                 return self.checked(ws, band_width, false);
             }
@@ -527,7 +528,7 @@ impl Aligner {
             let next_cells = if wider >= full_width {
                 (n + 1).saturating_mul(m + 1)
             } else {
-                cells.saturating_mul(2)
+                band_rows(&ws.student.band, &ws.teacher.band, wider, |_, _, _| {})
             };
             if next_cells > MAX_CELLS {
                 return self.checked(ws, width, true);
@@ -540,7 +541,7 @@ impl Aligner {
     pub fn align_exhaustive(&self, student: &[u32], teacher: &[u32]) -> Result<Alignment> {
         let ws = &mut Workspace::default();
         self.load(ws, student, teacher)?;
-        self.run(ws, u32::MAX);
+        self.run(ws, u32::MAX, u32::MAX)?;
         self.checked(ws, u32::MAX, false)
     }
 
@@ -552,12 +553,12 @@ impl Aligner {
     }
 
     /// One DP in a band of half-width `width` (`u32::MAX`: the full table): lays out the band,
-    /// fills it and walks back. Returns the band's cell count and whether the path touched its
-    /// edge.
-    fn run(&self, ws: &mut Workspace, width: u32) -> (usize, bool) {
-        let cells = self.band(ws, width);
+    /// fills it and walks back. Returns whether the path touched the band's edge; `requested` is
+    /// the width the caller asked for, named if the band is refused.
+    fn run(&self, ws: &mut Workspace, width: u32, requested: u32) -> Result<bool> {
+        self.allocate(ws, width, requested)?;
         self.fill(ws);
-        (cells, self.backtrace(ws))
+        Ok(self.backtrace(ws))
     }
 
     fn load(&self, ws: &mut Workspace, student: &[u32], teacher: &[u32]) -> Result<()> {
@@ -593,10 +594,12 @@ impl Aligner {
                     student: self.student.path.clone(),
                     teacher: self.teacher.path.clone(),
                     chunk: index,
-                    student_positions: sr,
-                    teacher_positions: tr,
-                    student_bytes: show(student_bytes),
-                    teacher_bytes: show(teacher_bytes),
+                    pairs: format!(
+                        "student positions {sr:?} (text bytes {}) with teacher positions {tr:?} \
+                         (text bytes {})",
+                        show(student_bytes),
+                        show(teacher_bytes)
+                    ),
                 });
             }
         }
@@ -604,38 +607,44 @@ impl Aligner {
     }
 
     /// Lays out the band for half-width `width` bytes; returns its number of cells.
-    ///
-    /// Cell `(i, j)` (student prefix `i`, teacher prefix `j`) is in the band when student token
-    /// `i`'s text range and teacher token `j`'s text range are within `width` bytes. Both bounds
-    /// grow with `i`, so each row is one contiguous run of columns, found by two pointers.
     fn band(&self, ws: &mut Workspace, width: u32) -> usize {
-        let (s, t) = (&ws.student.band, &ws.teacher.band);
-        let (n, m) = (s.len() - 1, t.len() - 1);
-        ws.lo.clear();
-        ws.hi.clear();
-        ws.row_start.clear();
-        let (mut lo, mut hi) = (0usize, 0usize);
-        let mut cells = 0usize;
-        for i in 0..=n {
-            let token_start = if i == 0 { 0 } else { s[i - 1] };
-            let token_end = s[i];
-            while lo < m && t[lo].saturating_add(width) < token_start {
-                lo += 1;
-            }
-            while hi < m && t[hi] <= token_end.saturating_add(width) {
-                hi += 1;
-            }
-            let lo_i = lo.min(hi);
-            ws.lo.push(lo_i as u32);
-            ws.hi.push(hi as u32);
-            ws.row_start.push(cells);
-            cells += hi - lo_i + 1;
+        let Workspace {
+            student,
+            teacher,
+            lo,
+            hi,
+            row_start,
+            ..
+        } = ws;
+        lo.clear();
+        hi.clear();
+        row_start.clear();
+        band_rows(&student.band, &teacher.band, width, |l, h, start| {
+            lo.push(l);
+            hi.push(h);
+            row_start.push(start);
+        })
+    }
+
+    /// Lays out the band and allocates its cells, refusing a band of more than [`MAX_CELLS`]
+    /// (a band as wide as a long document would need gigabytes).
+    fn allocate(&self, ws: &mut Workspace, width: u32, requested: u32) -> Result<()> {
+        let cells = self.band(ws, width);
+        if cells > MAX_CELLS {
+            return Err(Error::BandTooWide {
+                student: self.student.path.clone(),
+                teacher: self.teacher.path.clone(),
+                band_bytes: requested,
+                tokens: (ws.student.len(), ws.teacher.len()),
+                cells,
+                limit: MAX_CELLS,
+            });
         }
         ws.score.clear();
         ws.score.resize(cells, UNREACHABLE);
         ws.back.clear();
         ws.back.resize(cells, START);
-        cells
+        Ok(())
     }
 
     /// Fills the band with the recurrence; ties go to the move tried first (see the module docs).
@@ -861,6 +870,32 @@ impl Aligner {
             push_gaps(chunks, student, teacher);
         }
     }
+}
+
+/// Walks the rows of the band of half-width `width` over two sequences' text offsets, giving
+/// each row's first and last column and its first cell; returns the number of cells.
+///
+/// Cell `(i, j)` (student prefix `i`, teacher prefix `j`) is in the band when student token
+/// `i`'s text range and teacher token `j`'s text range are within `width` bytes. Both bounds
+/// grow with `i`, so each row is one contiguous run of columns, found by two pointers.
+fn band_rows(s: &[u32], t: &[u32], width: u32, mut row: impl FnMut(u32, u32, usize)) -> usize {
+    let (n, m) = (s.len() - 1, t.len() - 1);
+    let (mut lo, mut hi) = (0usize, 0usize);
+    let mut cells = 0usize;
+    for i in 0..=n {
+        let token_start = if i == 0 { 0 } else { s[i - 1] };
+        let token_end = s[i];
+        while lo < m && t[lo].saturating_add(width) < token_start {
+            lo += 1;
+        }
+        while hi < m && t[hi] <= token_end.saturating_add(width) {
+            hi += 1;
+        }
+        let lo_i = lo.min(hi);
+        row(lo_i as u32, hi as u32, cells);
+        cells += hi - lo_i + 1;
+    }
+    cells
 }
 
 /// The text bytes `positions` cover, given a sequence's text offsets (`None` past its end).

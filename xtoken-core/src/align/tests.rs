@@ -176,6 +176,34 @@ fn a_chunk_out_of_place_is_a_named_error() {
 }
 
 #[test]
+fn a_band_too_wide_for_the_document_is_refused_before_allocating() {
+    let (mut s, mut t) = (Synth::new(), Synth::new());
+    let words: Vec<&[u8]> = [&b"one "[..], b"two ", b"three "].repeat(3000);
+    let (student, teacher) = (s.encode(&words), t.encode(&words));
+    let wide = AlignParams {
+        band_bytes: 1_000_000_000,
+        ..AlignParams::default()
+    };
+    let err = aligner(&s, &t, wide).align(&student, &teacher).unwrap_err();
+    assert!(
+        matches!(err, Error::BandTooWide { cells, .. } if cells > MAX_CELLS),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    for part in [
+        "band_bytes = 1000000000",
+        "9000 student, 9000 teacher tokens",
+    ] {
+        assert!(message.contains(part), "{message}");
+    }
+    // The default band aligns the same document.
+    let a = aligner(&s, &t, AlignParams::default())
+        .align(&student, &teacher)
+        .unwrap();
+    assert_eq!(a.aligned().count(), 9000);
+}
+
+#[test]
 fn combinations_both_ways() {
     let (mut s, mut t) = (Synth::new(), Synth::new());
     // "3.14159": student packs digits, teacher splits them.

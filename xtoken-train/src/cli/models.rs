@@ -9,7 +9,8 @@ use burn::backend::NdArray;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 use clap::{Args, ValueEnum};
 use safetensors::{Dtype, SafeTensors};
-use xtoken_models::{CausalLm, SaveDtype, Transformer};
+use xtoken_models::{CausalLm, HfConfig, SaveDtype, Transformer};
+use xtoken_train::machine::check_fits;
 use xtoken_train::paths::refuse_overwriting;
 
 type B = NdArray;
@@ -110,6 +111,45 @@ fn integers(path: &Path, file: &SafeTensors, name: &str) -> Result<Option<Tensor
     Ok(Some(TensorData::new(values, view.shape().to_vec())))
 }
 
+/// An attention mask holds 1 (a token) and 0 (padding) only.
+fn check_mask_values(path: &Path, mask: &TensorData) -> Result<()> {
+    let values = mask
+        .as_slice::<i64>()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let len = mask.shape[1].max(1);
+    if let Some(at) = values.iter().position(|&v| v != 0 && v != 1) {
+        bail!(
+            "{}: attention_mask[{}][{}] = {}; expected 1 (token) or 0 (padding)",
+            path.display(),
+            at / len,
+            at % len,
+            values[at]
+        );
+    }
+    Ok(())
+}
+
+/// The input fits the model's positions and this machine's memory, checked from `config.json`
+/// before the weights are read.
+fn check_input_size(args: &LogitsArgs, batch: usize, len: usize) -> Result<()> {
+    let config = HfConfig::read(&args.model)?;
+    let arch = &config.architecture;
+    if len > arch.max_position_embeddings {
+        bail!(
+            "{}: input_ids has {len} positions, more than max_position_embeddings = {} in {}",
+            args.input.display(),
+            arch.max_position_embeddings,
+            config.path.display()
+        );
+    }
+    check_fits(
+        &format!("logits over input_ids [{batch}, {len}]"),
+        arch.forward_bytes(batch, len),
+        "split the input into shorter or fewer sequences",
+    )?;
+    Ok(())
+}
+
 pub fn logits(args: LogitsArgs) -> Result<()> {
     refuse_overwriting(
         &args.out,
@@ -127,6 +167,10 @@ pub fn logits(args: LogitsArgs) -> Result<()> {
     let ids = integers(&args.input, &file, "input_ids")?
         .with_context(|| format!("{}: no tensor named `input_ids`", args.input.display()))?;
     let mask = integers(&args.input, &file, "attention_mask")?;
+    if let Some(mask) = &mask {
+        check_mask_values(&args.input, mask)?;
+    }
+    check_input_size(&args, ids.shape[0], ids.shape[1])?;
 
     let start = Instant::now();
     let device = Default::default();

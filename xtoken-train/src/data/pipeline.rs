@@ -272,6 +272,9 @@ fn file_progress(reader: &DocumentReader, job: &FileJob<'_>) -> ProgressBar {
     )
 }
 
+/// One aligned document and, when the job writes a cache, its record.
+type AlignedDoc = (AlignedText, Option<Vec<u8>>);
+
 /// Tokenizes and aligns a batch of documents on the current thread pool, in input order, with
 /// each document's cache record when the job writes a cache; `None` for an empty text (skipped).
 fn align_batch(
@@ -279,7 +282,7 @@ fn align_batch(
     job: &FileJob<'_>,
     extractor: &TextExtractor,
     batch: &[RawDoc],
-) -> Vec<Result<Option<(AlignedText, Option<Vec<u8>>)>>> {
+) -> Vec<Result<Option<AlignedDoc>>> {
     batch
         .par_iter()
         .map_init(Workspace::default, |ws, raw| {
@@ -377,9 +380,13 @@ pub fn open_or_build_cache(
         params: config.align_params(),
         progress,
     };
+    // The writer removes its own temporary file when the job fails; the finished one is
+    // removed here when it cannot be renamed into place.
     let stats = align_file(pipeline, &job, None)?;
-    std::fs::rename(&partial, &path)
-        .with_context(|| format!("renaming {} into place", partial.display()))?;
+    if let Err(e) = std::fs::rename(&partial, &path) {
+        std::fs::remove_file(&partial).ok();
+        return Err(e).with_context(|| format!("renaming {} into place", partial.display()));
+    }
     eprintln!(
         "  {} documents, {} student tokens in {:.1} s",
         stats.docs, stats.student_tokens, stats.seconds
