@@ -1,31 +1,51 @@
 //! Starting a run on the devices it names: one worker on one device, or data-parallel workers
 //! (feature `collective`), whose shared files are prepared once before they start and whose
-//! parameters must agree at the end.
+//! parameters must agree at the end; in one process, or in each process of a run that torchrun
+//! or srun started ([`Placement`]), joined through a [`Session`].
+
+use std::hash::Hasher;
 
 use crate::backend::{on_backend, DeviceKind, OnBackend, TrainBackend};
+use crate::cluster::{Placement, Plan, Session, Timeouts};
 use crate::config::RunConfig;
 use crate::error::{Error, Result};
 use crate::inputs::prepare_shared_files;
-use crate::parallel::{run_workers, Worker, DATA_PARALLEL};
-use crate::run::{train, RunOptions, RunSummary};
+use crate::parallel::{run_workers, Nodes, Worker, DATA_PARALLEL};
+use crate::run::{resolved_text, train, RunOptions, RunSummary};
 use xtoken_kernels::memory::DeviceMemory;
 
 /// The devices of a run: a family, and the indices of its devices (one data-parallel worker
-/// each; none or one: a single worker).
+/// each; none or one: a single worker); and this process's place among several.
 #[derive(Debug, Clone)]
 pub struct Devices {
     /// `cpu`, `cuda` or `wgpu`.
     pub kind: DeviceKind,
     /// Device indices (`--devices 0,1,…`).
     pub indices: Vec<usize>,
+    /// This process among the processes of the run, or `None` for a run of one process.
+    pub placement: Option<Placement>,
 }
 
 impl Devices {
-    /// The device the configuration names (`device`), one worker.
+    /// The device the configuration names (`device`), one worker, placed as the environment
+    /// says ([`Placement::from_env`]).
     pub fn of(config: &RunConfig) -> Result<Self> {
+        Self::placed(config.device.parse()?, Vec::new())
+    }
+
+    /// The devices `indices` of family `kind`, placed as the environment says. A process of
+    /// several given no indices takes the GPU of its local rank (torchrun's and srun's custom).
+    pub fn placed(kind: DeviceKind, mut indices: Vec<usize>) -> Result<Self> {
+        let placement = Placement::from_env()?;
+        if let Some(p) = &placement {
+            if indices.is_empty() && kind != DeviceKind::Cpu && p.world > 1 {
+                indices.push(p.local_rank);
+            }
+        }
         Ok(Self {
-            kind: config.device.parse()?,
-            indices: Vec::new(),
+            kind,
+            indices,
+            placement,
         })
     }
 }
@@ -42,13 +62,20 @@ impl Devices {
 /// # Ok::<(), xtoken_train::Error>(())
 /// ```
 pub fn train_on(config: RunConfig, options: &RunOptions, devices: &Devices) -> Result<RunSummary> {
-    let job = TrainJob { config, options };
+    let job = TrainJob {
+        config,
+        options,
+        placement: devices.placement.clone().filter(|p| p.world > 1),
+        kind: devices.kind,
+    };
     on_backend(devices.kind, &devices.indices, job)
 }
 
 struct TrainJob<'a> {
     config: RunConfig,
     options: &'a RunOptions,
+    placement: Option<Placement>,
+    kind: DeviceKind,
 }
 
 impl OnBackend for TrainJob<'_> {
@@ -58,7 +85,15 @@ impl OnBackend for TrainJob<'_> {
         self,
         mut devices: Vec<B::Device>,
     ) -> Result<RunSummary> {
-        let Self { config, options } = self;
+        let Self {
+            config,
+            options,
+            placement,
+            kind,
+        } = self;
+        if let Some(placement) = placement {
+            return across_processes::<B>(config, options, devices, &placement, kind);
+        }
         if devices.len() == 1 {
             let device = devices.remove(0);
             return train::<B>(config, options, device, Worker::alone());
@@ -71,19 +106,108 @@ impl OnBackend for TrainJob<'_> {
         }
         config.grad_accum(count)?;
         prepare_shared_files(&config)?;
-        let summaries = run_workers::<B, _, _>(devices, |worker, device| {
-            train::<B>(config.clone(), options, device, worker)
-        })?;
-        let fingerprints: Vec<u64> = summaries.iter().map(|s| s.fingerprint).collect();
-        if fingerprints.windows(2).any(|w| w[0] != w[1]) {
-            return Err(Error::Parallel(format!(
-                "the workers' parameters diverged (fingerprints {fingerprints:x?})"
-            )));
-        }
+        let summary = train_workers::<B>(config, options, devices, None)?;
         eprintln!(
             "{count} workers ended with identical parameters (fingerprint {:016x})",
-            fingerprints.first().copied().unwrap_or(0)
+            summary.fingerprint
         );
-        Ok(summaries.into_iter().next().unwrap_or_default())
+        Ok(summary)
     }
+}
+
+/// Trains on this process's `devices` (with `nodes`, as one process of several) and checks
+/// that its workers end with equal parameters.
+fn train_workers<B: TrainBackend>(
+    config: RunConfig,
+    options: &RunOptions,
+    devices: Vec<B::Device>,
+    nodes: Option<&Nodes>,
+) -> Result<RunSummary> {
+    let summaries = run_workers::<B, _, _>(devices, nodes, |worker, device| {
+        train::<B>(config.clone(), options, device, worker)
+    })?;
+    let fingerprints: Vec<u64> = summaries.iter().map(|s| s.fingerprint).collect();
+    if fingerprints.windows(2).any(|w| w[0] != w[1]) {
+        return Err(Error::Parallel(format!(
+            "the workers' parameters diverged (fingerprints {fingerprints:x?})"
+        )));
+    }
+    Ok(summaries.into_iter().next().unwrap_or_default())
+}
+
+/// One process of a run over several: joins the others, prepares the shared files (rank 0
+/// first, so that a shared file system builds them once), trains its workers as one
+/// burn-collective node, and ends with every process's parameters compared.
+fn across_processes<B: TrainBackend>(
+    config: RunConfig,
+    options: &RunOptions,
+    devices: Vec<B::Device>,
+    placement: &Placement,
+    kind: DeviceKind,
+) -> Result<RunSummary> {
+    let (rank, world, local) = (placement.rank, placement.world, devices.len());
+    if !DATA_PARALLEL {
+        return Err(Error::Parallel(format!(
+            "{} started {world} processes: training across processes needs an xtoken built with \
+             `--features collective`",
+            placement.launcher
+        )));
+    }
+    config.grad_accum(local * world)?;
+    let plan = Plan {
+        workers: local,
+        hash: plan_hash(&config, options, kind)?,
+    };
+    #[cfg(feature = "collective")]
+    if rank == 0 {
+        crate::cluster::start_orchestrator(placement.port + 1)?;
+    }
+    let session = Session::join(placement, plan, Timeouts::from_env()?)?;
+    eprintln!(
+        "rank {rank} of {world} ({}): {local} worker(s) here, {} in all; reached at {}",
+        placement.launcher,
+        local * world,
+        session.host
+    );
+    if rank == 0 {
+        told(&session, prepare_shared_files(&config))?;
+    }
+    session.barrier("inputs")?;
+    if rank != 0 {
+        told(&session, prepare_shared_files(&config))?;
+    }
+    let nodes = Nodes {
+        rank,
+        count: world,
+        orchestrator: format!("ws://{}:{}", placement.master, placement.port + 1),
+        host: session.host.clone(),
+    };
+    let options = options.clone();
+    let summary =
+        session.run(move || train_workers::<B>(config, &options, devices, Some(&nodes)))?;
+    session.finish(summary.fingerprint)?;
+    if rank == 0 {
+        eprintln!(
+            "{world} processes × {local} workers ended with identical parameters (fingerprint \
+             {:016x})",
+            summary.fingerprint
+        );
+    }
+    Ok(summary)
+}
+
+/// A hash of what every process must run alike: the configuration, the options, the device.
+fn plan_hash(config: &RunConfig, options: &RunOptions, kind: DeviceKind) -> Result<u64> {
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    hash.write(resolved_text(config)?.as_bytes());
+    hash.write(format!("{:?} {:?} {kind:?}", options.resume, options.stop_after).as_bytes());
+    Ok(hash.finish())
+}
+
+/// `result`, told to the other processes when it is an error.
+fn told<T>(session: &Session, result: Result<T>) -> Result<T> {
+    if let Err(e) = &result {
+        session.fail(&e.report());
+    }
+    result
 }

@@ -54,6 +54,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod error;

@@ -1,18 +1,20 @@
-//! Data parallelism over the devices of one machine (feature `collective`): one worker thread
-//! per device, each a burn-collective peer. A worker takes rows `rank, rank + workers, …` of
+//! Data parallelism (feature `collective`): one worker thread per device, each a
+//! burn-collective peer, in one process or in several ([`Nodes`]: one burn-collective node per
+//! process, on one machine or many). A worker takes rows `rank, rank + workers, …` of
 //! every global batch; after its micro-batches it sums its gradients (student and learnable W,
 //! each micro-batch's loss already weighted by its share of the whole step) and its metric sums
 //! with the others in one `burn::collective::all_reduce` of a flat tensor (a tree over the
-//! devices), so every worker applies the same update and the parameters stay identical. Before
-//! the backward passes the workers also sum a few numbers: the step's counts, and its loss
-//! values when dynamic scaling or adaptive α is measured once per step. Rank 0 writes metrics, checkpoints and the final student; at the
-//! end the workers compare parameter fingerprints.
+//! devices, then a ring over the processes), so every worker applies the same update and the
+//! parameters stay identical. Before the backward passes the workers also sum a few numbers:
+//! the step's counts, and its loss values when dynamic scaling or adaptive α is measured once
+//! per step. Rank 0 writes metrics, checkpoints and the final student; at the end the workers
+//! compare parameter fingerprints.
+//!
+//! Between processes the flat tensor travels in pieces of at most [`PIECE`] values: burn's
+//! WebSocket transport refuses frames over 512 MiB. The workspace patches burn-collective 0.21
+//! (`vendor/`), whose between-node all-reduce as published hangs at a session's second exchange.
 //!
 //! Not here, and why:
-//! - Several machines. burn-collective 0.21's global (between-node) all-reduce reuses fixed
-//!   transfer ids, so the second exchange of a session hangs; leaving and re-joining the
-//!   session after each exchange gets past it in a bare loop but crashes burn-collective's
-//!   local server inside training. Upstream removed the crate after 0.21.
 //! - NCCL DDP (`DistributedBackend`, burn feature `distributed`). It all-reduces marked
 //!   parameters inside every `backward()` call, so here once per micro-batch and per
 //!   recomputed layer instead of once per step; the feature also takes `AutodiffBackend` away
@@ -29,6 +31,22 @@ use crate::error::Result;
 
 /// Whether this build runs data-parallel workers (feature `collective`).
 pub const DATA_PARALLEL: bool = cfg!(feature = "collective");
+
+/// The most values one all-reduce carries (256 MiB of f32).
+pub const PIECE: usize = 1 << 26;
+
+/// The processes of a run of several, each one burn-collective node.
+#[derive(Debug, Clone)]
+pub struct Nodes {
+    /// This process's rank.
+    pub rank: usize,
+    /// Processes in the run.
+    pub count: usize,
+    /// burn-collective's orchestrator, `ws://HOST:PORT`.
+    pub orchestrator: String,
+    /// The host the other processes reach this one at.
+    pub host: String,
+}
 
 /// This worker among the data-parallel workers of the run.
 #[derive(Debug, Clone)]
@@ -84,7 +102,7 @@ impl Worker {
     ) -> Result<Vec<f64>> {
         #[cfg(feature = "collective")]
         if let Some(peer) = self.peer {
-            return collective::sum_values::<B>(peer, values, device);
+            return collective::sum_values::<B>(peer, values, self.count, device);
         }
         let _ = device;
         Ok(values)
@@ -132,21 +150,30 @@ pub fn fingerprint<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> u64 
     hash.0.finish()
 }
 
-/// Runs `work` on one thread per device, each a worker of one data-parallel run, and returns
-/// their results in rank order; the first error (or panic) of any worker is the result.
+/// Runs `work` on one thread per device, each a worker of one data-parallel run (with `nodes`,
+/// of a run over several processes, each running as many workers), and returns their results
+/// in rank order; the first error (or panic) of any worker is the result.
 #[cfg(feature = "collective")]
-pub fn run_workers<B, T, F>(devices: Vec<B::Device>, work: F) -> Result<Vec<T>>
+pub fn run_workers<B, T, F>(
+    devices: Vec<B::Device>,
+    nodes: Option<&Nodes>,
+    work: F,
+) -> Result<Vec<T>>
 where
     B: AutodiffBackend,
     T: Send,
     F: Fn(Worker, B::Device) -> Result<T> + Sync,
 {
-    collective::run_workers::<B, T, F>(devices, work)
+    collective::run_workers::<B, T, F>(devices, nodes, work)
 }
 
 /// Refuses: this build has no data-parallel support.
 #[cfg(not(feature = "collective"))]
-pub fn run_workers<B, T, F>(devices: Vec<B::Device>, _work: F) -> Result<Vec<T>>
+pub fn run_workers<B, T, F>(
+    devices: Vec<B::Device>,
+    _nodes: Option<&Nodes>,
+    _work: F,
+) -> Result<Vec<T>>
 where
     B: AutodiffBackend,
     T: Send,
@@ -167,7 +194,7 @@ mod collective {
     use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
     use xtoken_core::loss::pkl::LearnableProjection;
 
-    use super::{Exchange, Summed, Worker};
+    use super::{Exchange, Nodes, Summed, Worker, PIECE};
     use crate::error::{Context, Error, Result};
 
     /// Where each gradient sits in the flat exchange tensor: its parameter, shape and dtype.
@@ -248,26 +275,50 @@ mod collective {
         visitor.grads
     }
 
-    /// Sums values over every worker (f64 travels as f32).
+    /// Sums values over every worker (f64 travels as f32). Padded to one value per worker at
+    /// least: the ring between processes cuts the tensor into that many pieces.
     pub(super) fn sum_values<B: AutodiffBackend>(
         peer: PeerId,
-        values: Vec<f64>,
+        mut values: Vec<f64>,
+        workers: usize,
         device: &B::Device,
     ) -> Result<Vec<f64>> {
         let count = values.len();
+        values.resize(count.max(workers), 0.0);
+        let padded = values.len();
         let tensor =
-            Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(values, [count]), device);
-        let reduced = collective::all_reduce::<B::InnerBackend>(
-            peer,
-            tensor.into_primitive().tensor(),
-            ReduceOperation::Sum,
-        )
-        .map_err(|e| Error::Parallel(format!("all-reduce of the step's values failed: {e:?}")))?;
-        Tensor::<B::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(reduced))
+            Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(values, [padded]), device);
+        let mut sums = reduce(peer, tensor)
+            .map_err(|e| Error::Parallel(format!("all-reduce of the step's values failed: {e}")))?
             .into_data()
             .convert::<f64>()
             .to_vec::<f64>()
-            .map_err(|e| Error::Parallel(format!("reading the step's values: {e:?}")))
+            .map_err(|e| Error::Parallel(format!("reading the step's values: {e:?}")))?;
+        sums.truncate(count);
+        Ok(sums)
+    }
+
+    /// Sums a flat tensor over every worker, in pieces of at most [`PIECE`] values.
+    fn reduce<B: burn::tensor::backend::Backend>(
+        peer: PeerId,
+        flat: Tensor<B, 1>,
+    ) -> std::result::Result<Tensor<B, 1>, String> {
+        let total = flat.dims()[0];
+        let mut pieces = Vec::with_capacity(total.div_ceil(PIECE));
+        for start in (0..total).step_by(PIECE) {
+            let piece = flat.clone().narrow(0, start, PIECE.min(total - start));
+            let reduced = collective::all_reduce::<B>(
+                peer,
+                piece.into_primitive().tensor(),
+                ReduceOperation::Sum,
+            )
+            .map_err(|e| format!("{e:?}"))?;
+            pieces.push(Tensor::from_primitive(TensorPrimitive::Float(reduced)));
+        }
+        Ok(match pieces.len() {
+            1 => pieces.remove(0),
+            _ => Tensor::cat(pieces, 0),
+        })
     }
 
     /// Sums a step's gradients and metric values over every worker with one all-reduce of a
@@ -299,14 +350,8 @@ mod collective {
             TensorData::new(values, [value_count]),
             device,
         ));
-        let flat = Tensor::cat(pieces, 0);
-        let reduced = collective::all_reduce::<B::InnerBackend>(
-            peer,
-            flat.into_primitive().tensor(),
-            ReduceOperation::Sum,
-        )
-        .map_err(|e| Error::Parallel(format!("all-reduce of the gradients failed: {e:?}")))?;
-        let flat = Tensor::<B::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(reduced));
+        let flat = reduce(peer, Tensor::cat(pieces, 0))
+            .map_err(|e| Error::Parallel(format!("all-reduce of the gradients failed: {e}")))?;
         let mut offset = 0usize;
         let student_grads = unflatten(student, &flat, &mut offset, student_layout);
         let projection_grads = modules
@@ -334,8 +379,7 @@ mod collective {
     /// One worker thread: joins the collective, works, and leaves it (even after an error, so
     /// that the others are not left waiting on a registration that never ends).
     fn worker<B, T, F>(
-        rank: usize,
-        count: usize,
+        (rank, count): (usize, usize),
         device: B::Device,
         config: CollectiveConfig,
         work: &F,
@@ -362,24 +406,52 @@ mod collective {
         Ok(value)
     }
 
-    pub(super) fn run_workers<B, T, F>(devices: Vec<B::Device>, work: F) -> Result<Vec<T>>
+    /// The collective's settings: a tree over this process's devices and, with `nodes`, a ring
+    /// over the processes, this one's data service on a free port.
+    fn settings(local: usize, nodes: Option<&Nodes>) -> Result<CollectiveConfig> {
+        let config = CollectiveConfig::default()
+            .with_num_devices(local)
+            .with_local_all_reduce_strategy(AllReduceStrategy::Tree(2));
+        let Some(nodes) = nodes else {
+            return Ok(config);
+        };
+        // A port the system hands out now; burn-collective binds it again when the workers join.
+        let port = std::net::TcpListener::bind(("0.0.0.0", 0))?
+            .local_addr()?
+            .port();
+        let address = |text: String| {
+            text.parse()
+                .map_err(|e| Error::Parallel(format!("burn-collective address {text}: {e:?}")))
+        };
+        Ok(config
+            .with_num_nodes(nodes.count as u32)
+            .with_global_address(address(nodes.orchestrator.clone())?)
+            .with_node_address(address(format!("ws://{}:{port}", nodes.host))?)
+            .with_data_service_port(port)
+            .with_global_all_reduce_strategy(AllReduceStrategy::Ring))
+    }
+
+    pub(super) fn run_workers<B, T, F>(
+        devices: Vec<B::Device>,
+        nodes: Option<&Nodes>,
+        work: F,
+    ) -> Result<Vec<T>>
     where
         B: AutodiffBackend,
         T: Send,
         F: Fn(Worker, B::Device) -> Result<T> + Sync,
     {
-        let count = devices.len();
-        let config = CollectiveConfig::default()
-            .with_num_devices(count)
-            .with_local_all_reduce_strategy(AllReduceStrategy::Tree(2));
+        let local = devices.len();
+        let config = settings(local, nodes)?;
+        let (first, count) = nodes.map_or((0, local), |n| (n.rank * local, n.count * local));
         std::thread::scope(|scope| {
-            let mut handles = Vec::with_capacity(count);
-            for (rank, device) in devices.into_iter().enumerate() {
-                let (config, work) = (config.clone(), &work);
+            let mut handles = Vec::with_capacity(local);
+            for (i, device) in devices.into_iter().enumerate() {
+                let (config, work, rank) = (config.clone(), &work, first + i);
                 let handle = std::thread::Builder::new()
                     .name(format!("xtoken-worker-{rank}"))
                     .spawn_scoped(scope, move || {
-                        worker::<B, T, F>(rank, count, device, config, work)
+                        worker::<B, T, F>((rank, count), device, config, work)
                     })?;
                 handles.push(handle);
             }

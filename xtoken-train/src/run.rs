@@ -280,7 +280,7 @@ pub fn train<B: TrainBackend>(
 
 /// The configuration as resolved for this run, for the comparison on `--resume` (the device
 /// may change between a run and its resumption).
-fn resolved_text(config: &RunConfig) -> Result<String> {
+pub(crate) fn resolved_text(config: &RunConfig) -> Result<String> {
     let mut c = config.clone();
     c.device = String::new();
     toml::to_string(&c).map_err(|e| Error::Config(format!("writing run.toml: {e}")))

@@ -144,7 +144,9 @@ impl<B: Backend, P: Protocol> TensorDataService<B, P> {
     ) -> Option<TensorData> {
         log::info!("Downloading tensor from {remote:?}");
 
-        let stream = self.get_data_stream(remote).await;
+        // xtoken patch: a peer that cannot be reached, or that closed the connection, is `None`
+        // as documented above (upstream panicked on the runtime's thread).
+        let stream = self.get_data_stream(remote).await?;
         let mut stream = stream.lock().await;
 
         // Send the download request with the download id
@@ -152,10 +154,10 @@ impl<B: Backend, P: Protocol> TensorDataService<B, P> {
             rmp_serde::to_vec(&DataServiceMessage::TensorRequest(transfer_id))
                 .unwrap()
                 .into();
-        stream
-            .send(Message::new(bytes))
-            .await
-            .expect("Failed to send download id");
+        if stream.send(Message::new(bytes)).await.is_err() {
+            log::warn!("Failed to send download id");
+            return None;
+        }
 
         if let Ok(msg) = stream.recv().await {
             let Some(msg) = msg else {
@@ -178,22 +180,23 @@ impl<B: Backend, P: Protocol> TensorDataService<B, P> {
     async fn get_data_stream(
         &self,
         address: Address,
-    ) -> Arc<Mutex<<P::Client as ProtocolClient>::Channel>> {
+    ) -> Option<Arc<Mutex<<P::Client as ProtocolClient>::Channel>>> {
         let mut streams = self.channels.lock().await;
         match streams.get(&address) {
-            Some(stream) => stream.clone(),
+            Some(stream) => Some(stream.clone()),
             None => {
                 // Open a new WebSocket connection to the address
                 let stream = P::Client::connect(address.clone(), "data").await;
 
                 let Some(stream) = stream else {
-                    panic!("Failed to connect to data server at {address:?}");
+                    log::warn!("Failed to connect to data server at {address:?}");
+                    return None;
                 };
 
                 let stream = Arc::new(Mutex::new(stream));
                 streams.insert(address.clone(), stream.clone());
 
-                stream
+                Some(stream)
             }
         }
     }
@@ -204,6 +207,10 @@ impl<B: Backend, P: Protocol> TensorDataService<B, P> {
         transfer_id: TensorTransferId,
     ) -> Option<bytes::Bytes> {
         loop {
+            // xtoken patch: listen before looking, so that a tensor exposed in between is not
+            // missed (`notify_waiters` only wakes listeners already registered).
+            let mut notified = std::pin::pin!(self.new_tensor_notify.notified());
+            notified.as_mut().enable();
             {
                 let mut exposed_tensors = self.exposed_tensors.lock().await;
                 // take the tensor out of the hashmap while we download
@@ -220,7 +227,7 @@ impl<B: Backend, P: Protocol> TensorDataService<B, P> {
                 }
             }
             // No matching tensor, wait for a new one to come in.
-            self.new_tensor_notify.notified().await;
+            notified.await;
         }
     }
 
@@ -244,13 +251,20 @@ impl<B: Backend, P: Protocol> TensorDataService<B, P> {
 
                         let bytes = self.get_exposed_tensor_bytes(transfer_id).await.unwrap();
 
-                        channel.send(Message::new(bytes)).await.unwrap();
+                        if channel.send(Message::new(bytes)).await.is_err() {
+                            log::info!("Closed connection");
+                            return;
+                        }
                     } else {
                         log::info!("Closed connection");
                         return;
                     }
                 }
-                Err(err) => panic!("Failed to receive message from websocket: {err:?}"),
+                // xtoken patch: a peer gone is the end of its connection (upstream panicked).
+                Err(err) => {
+                    log::warn!("Failed to receive message from websocket: {err:?}");
+                    return;
+                }
             };
         }
         log::info!("[Data Service] Closing connection for download.");

@@ -32,10 +32,8 @@ pub struct TrainArgs {
 /// Runs `xtoken train`.
 pub fn run(args: TrainArgs) -> Result<()> {
     let config = RunConfig::load(&args.config)?;
-    let devices = Devices {
-        kind: args.device.as_deref().unwrap_or(&config.device).parse()?,
-        indices: args.devices,
-    };
+    let kind = args.device.as_deref().unwrap_or(&config.device).parse()?;
+    let devices = Devices::placed(kind, args.devices)?;
     let options = RunOptions {
         resume: args.resume,
         stop_after: args.stop_after,

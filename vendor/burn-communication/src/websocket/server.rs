@@ -1,9 +1,6 @@
 use std::net::SocketAddr;
 
-use crate::{
-    base::{CommunicationChannel, CommunicationError, Message, ProtocolServer},
-    util::init_logging,
-};
+use crate::base::{CommunicationChannel, CommunicationError, Message, ProtocolServer};
 use axum::{
     Router,
     extract::{
@@ -41,7 +38,8 @@ impl ProtocolServer for WsServer {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        init_logging();
+        // xtoken patch: upstream installed a global tracing subscriber here, printing an INFO
+        // line per tensor transfer; logging is the application's choice.
 
         let address = format!("0.0.0.0:{}", self.port);
         log::info!("Starting server {address}");

@@ -3,6 +3,7 @@ use burn_communication::Protocol;
 use burn_communication::data_service::TensorDataServer;
 use burn_communication::{Address, ProtocolServer, data_service::TensorDataService};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::{marker::PhantomData, sync::Arc};
 use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
@@ -20,6 +21,15 @@ use crate::{
     local::server::get_collective_server_runtime,
 };
 use crate::{BroadcastStrategy, GlobalRegisterParams, NodeId, ReduceStrategy};
+
+/// xtoken patch: the transfer id of a global operation's `transfer`-th exchange, unique in the
+/// session (upstream used fixed ids, which the next operation reused).
+pub(crate) fn transfer_id(
+    operation: u64,
+    transfer: u64,
+) -> burn_communication::data_service::TensorTransferId {
+    ((operation << 32) | transfer).into()
+}
 
 /// Must be synchronized between all nodes for collective operations to work
 pub(crate) struct NodeState {
@@ -40,6 +50,9 @@ where
     data_service: Arc<TensorDataService<B, P>>,
     sync_service: Arc<SyncService<P>>,
     worker: GlobalClientWorker<P::Client>,
+    // xtoken patch: numbers this session's global operations, the same on every node, so that
+    // each operation has its own transfer ids and its own barrier round.
+    operations: AtomicU64,
     _n: PhantomData<P>,
 }
 
@@ -77,6 +90,7 @@ where
             data_service,
             sync_service,
             worker,
+            operations: AtomicU64::new(0),
             _n: PhantomData,
         }
     }
@@ -131,10 +145,12 @@ where
         };
         let node = state.node_id;
         let nodes = &state.nodes;
+        let operation = self.operations.fetch_add(1, Ordering::Relaxed);
 
         let mut result = match strategy {
             AllReduceStrategy::Centralized => {
                 centralized_all_reduce_sum(
+                    operation,
                     node,
                     nodes,
                     &self.data_service,
@@ -145,6 +161,7 @@ where
             }
             AllReduceStrategy::Tree(arity) => {
                 tree_all_reduce_sum(
+                    operation,
                     node,
                     nodes,
                     self.data_service.clone(),
@@ -156,6 +173,7 @@ where
             }
             AllReduceStrategy::Ring => {
                 ring_all_reduce_sum(
+                    operation,
                     node,
                     nodes,
                     self.data_service.clone(),

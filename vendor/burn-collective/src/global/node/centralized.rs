@@ -1,6 +1,8 @@
 use std::{collections::HashMap, sync::Arc};
 
-use crate::{NodeId, global::shared::GlobalCollectiveError, node::sync::SyncService};
+use crate::{
+    NodeId, global::shared::GlobalCollectiveError, node::base::transfer_id, node::sync::SyncService,
+};
 use burn_backend::{Backend, TensorMetadata};
 use burn_communication::data_service::TensorDataService;
 use burn_communication::{Address, Protocol};
@@ -11,6 +13,7 @@ use futures::stream::FuturesUnordered;
 ///
 /// Returns the resulting tensor on the same device as the input tensor
 pub(crate) async fn centralized_all_reduce_sum<B, P>(
+    operation: u64,
     node: NodeId,
     nodes: &HashMap<NodeId, Address>,
     data_service: &Arc<TensorDataService<B, P>>,
@@ -38,7 +41,7 @@ where
                 let data_service = data_service.clone();
                 async move {
                     let data = data_service
-                        .download_tensor((*address).clone(), 0.into())
+                        .download_tensor((*address).clone(), transfer_id(operation, 0))
                         .await
                         .expect("Couldn't find the tensor for transfer id 0");
                     B::float_from_data(data, &device)
@@ -58,18 +61,20 @@ where
         // Transfer 2: Expose result
         let other_nodes_count = ids.len() as u32 - 1;
         data_service
-            .expose(sum.clone(), other_nodes_count, 1.into())
+            .expose(sum.clone(), other_nodes_count, transfer_id(operation, 1))
             .await;
 
         sum
     } else {
         // Transfer 1: Expose input
-        data_service.expose(tensor, 1, 0.into()).await;
+        data_service
+            .expose(tensor, 1, transfer_id(operation, 0))
+            .await;
 
         // Transfer 2: Download result
         let central_addr = nodes.get(&central).unwrap().clone();
         let data = data_service
-            .download_tensor(central_addr, 1.into())
+            .download_tensor(central_addr, transfer_id(operation, 1))
             .await
             .expect("Couldn't find the tensor for transfer id 1");
 
@@ -82,7 +87,7 @@ where
     };
 
     // Wait for all nodes to finish
-    sync_service.sync().await;
+    sync_service.sync(operation).await?;
 
     Ok(res)
 }

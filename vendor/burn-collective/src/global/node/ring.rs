@@ -51,6 +51,7 @@ use burn_communication::{Address, Protocol, data_service::TensorDataService};
 /// * `tensor` - The tensor to reduce. At least one dimension size must be greater than the number
 ///   of nodes
 pub(crate) async fn ring_all_reduce_sum<B, P>(
+    operation: u64,
     node: NodeId,
     nodes: &HashMap<NodeId, Address>,
     data_service: Arc<TensorDataService<B, P>>,
@@ -80,7 +81,8 @@ where
         .expect("Node is in ring");
     let prev_node_idx = (send_slice_idx + ring.len() - 1) % ring.len(); // +ring.len for overflow
     let prev_node = nodes.get(&ring[prev_node_idx]).unwrap();
-    let mut transfer_counter: u64 = 0;
+    // xtoken patch: counts on from this operation's first id (upstream restarted at 0).
+    let mut transfer_counter: u64 = operation << 32;
 
     // Phase 1: add
     do_cycles::<B, P>(
@@ -88,7 +90,7 @@ where
         &mut transfer_counter,
         &mut send_slice_idx,
         true,
-        prev_node.clone(),
+        (ring[prev_node_idx], prev_node.clone()),
         &data_service,
         device,
     )
@@ -100,14 +102,14 @@ where
         &mut transfer_counter,
         &mut send_slice_idx,
         false,
-        prev_node.clone(),
+        (ring[prev_node_idx], prev_node.clone()),
         &data_service,
         device,
     )
     .await?;
 
     // Wait for all nodes to finish
-    sync_service.sync().await;
+    sync_service.sync(operation).await?;
 
     // merge slices
     Ok(B::float_cat(slices, slice_dim))
@@ -126,7 +128,7 @@ async fn do_cycles<B, P>(
     transfer_counter: &mut u64,
     send_slice_idx: &mut usize,
     is_phase_one: bool,
-    prev_node: Address,
+    (prev_node_id, prev_node): (NodeId, Address),
     data_service: &Arc<TensorDataService<B, P>>,
     device: &B::Device,
 ) -> Result<(), GlobalCollectiveError>
@@ -158,11 +160,13 @@ where
         upload.await.unwrap();
         let download = download.await.unwrap();
         if is_phase_one {
-            let download = download.expect("Peer closed download connection");
+            // xtoken patch: a lost peer is `PeerLost` (upstream panicked).
+            let download = download.ok_or(GlobalCollectiveError::PeerLost(prev_node_id))?;
             let tensor = B::float_from_data(download, device);
             slices[recv_slice_idx] = B::float_add(slices[recv_slice_idx].clone(), tensor);
         } else {
-            let tensor = B::float_from_data(download.unwrap(), device);
+            let download = download.ok_or(GlobalCollectiveError::PeerLost(prev_node_id))?;
+            let tensor = B::float_from_data(download, device);
             let old_shape = slices[recv_slice_idx].shape();
             if old_shape != tensor.shape() {
                 return Err(GlobalCollectiveError::PeerSentIncoherentTensor);

@@ -1,6 +1,8 @@
 use std::{collections::HashMap, sync::Arc};
 
-use crate::{NodeId, global::shared::GlobalCollectiveError, node::sync::SyncService};
+use crate::{
+    NodeId, global::shared::GlobalCollectiveError, node::base::transfer_id, node::sync::SyncService,
+};
 use burn_backend::{Backend, TensorMetadata};
 use burn_communication::{Address, Protocol, data_service::TensorDataService};
 use futures::{StreamExt, stream::FuturesUnordered};
@@ -14,6 +16,7 @@ struct TreeTopology {
 ///
 /// Returns the resulting tensor on the same device as the input tensor
 pub(crate) async fn tree_all_reduce_sum<B, P>(
+    operation: u64,
     node: NodeId,
     nodes: &HashMap<NodeId, Address>,
     data_service: Arc<TensorDataService<B, P>>,
@@ -42,7 +45,7 @@ where
                 let data_service = data_service.clone();
                 async move {
                     let data = data_service
-                        .download_tensor(child_addr.clone(), 0.into())
+                        .download_tensor(child_addr.clone(), transfer_id(operation, 0))
                         .await
                         .ok_or(GlobalCollectiveError::PeerLost(*child))?;
                     Ok::<B::FloatTensorPrimitive, GlobalCollectiveError>(B::float_from_data(
@@ -63,12 +66,14 @@ where
 
     // Transfer 2: Expose result to parent and download final result if not root
     if let Some(parent) = strategy.parents.get(&node) {
-        data_service.expose(result.clone(), 1, 0.into()).await;
+        data_service
+            .expose(result.clone(), 1, transfer_id(operation, 0))
+            .await;
 
         let parent_addr = nodes.get(parent).unwrap().clone();
 
         let data = data_service
-            .download_tensor(parent_addr.clone(), 1.into())
+            .download_tensor(parent_addr.clone(), transfer_id(operation, 1))
             .await
             .ok_or(GlobalCollectiveError::PeerLost(*parent))?;
 
@@ -84,12 +89,16 @@ where
         && !children.is_empty()
     {
         data_service
-            .expose(result.clone(), children.len() as u32, 1.into())
+            .expose(
+                result.clone(),
+                children.len() as u32,
+                transfer_id(operation, 1),
+            )
             .await;
     }
 
     // Final barrier
-    sync_service.sync().await;
+    sync_service.sync(operation).await?;
 
     Ok(result)
 }

@@ -128,6 +128,19 @@ impl GlobalOrchestrator {
     }
 }
 
+/// xtoken patch: a global orchestrator with WebSocket on the given port until `shutdown`
+/// completes; the server's error (a port in use) is returned. Upstream's function below installs
+/// Ctrl+C and SIGTERM handlers for the whole process and only logs the error.
+pub async fn serve_global_orchestrator<F>(port: u16, shutdown: F) -> Result<(), String>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let server = WsServer::new(port);
+    GlobalOrchestrator::start(shutdown, server)
+        .await
+        .map_err(|err| format!("{err:?}"))
+}
+
 /// Start a global orchestrator with WebSocket on the given port
 pub async fn start_global_orchestrator(port: u16) {
     let server = WsServer::new(port);
