@@ -19,6 +19,11 @@
 //!   parameters inside every `backward()` call, so here once per micro-batch and per
 //!   recomputed layer instead of once per step; the feature also takes `AutodiffBackend` away
 //!   from ndarray, so it could not be tested on a CPU.
+//! - NCCL between processes. cubecl-cuda's NCCL communicators are made from a unique id created
+//!   inside one process, with ranks from the device indices of that process, so they cannot
+//!   span processes; xtoken would need its own communicator (the unique id sent through the
+//!   [`crate::cluster::Session`]) over the buffers of the flat tensor. Not built yet: it can
+//!   only be checked on a GPU.
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
