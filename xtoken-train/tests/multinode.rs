@@ -192,17 +192,15 @@ fn processes_and_workers_end_where_one_worker_on_the_combined_batch_ends() {
     assert_eq!(rows.lines().count(), 1 + 4, "{rows}");
 }
 
-/// A process killed mid-run ends every other process within the peer timeout, with an error
-/// naming the rank, instead of leaving them waiting in an all-reduce.
-#[test]
-fn a_killed_process_ends_the_others_with_an_error_naming_it() {
-    let f = fixture("multinode-kill");
-    let path = setup(&f, "long", 1);
+/// Starts `world` processes on a long run, kills rank `victim` after its second step, and
+/// returns every process's log once all have ended (each must fail, within the peer timeout).
+fn kill_mid_run(f: &Fixture, tag: &str, world: usize, victim: usize) -> Vec<String> {
+    let path = setup(f, tag, 1);
     let text = std::fs::read_to_string(&path).unwrap();
-    let text = text.replace("batch_size = 4", "batch_size = 6");
+    let text = text.replace("batch_size = 4", &format!("batch_size = {}", 2 * world));
     std::fs::write(&path, text.replace("steps = 4", "steps = 100000")).unwrap();
-    let mut run = Processes::start(&f.dir.0, "kill", 3, |_| xtoken_train(&path, &[]));
-    let metrics = f.dir.0.join("long/metrics.csv");
+    let mut run = Processes::start(&f.dir.0, tag, world, |_| xtoken_train(&path, &[]));
+    let metrics = f.dir.0.join(tag).join("metrics.csv");
     let deadline = Instant::now() + Duration::from_secs(120);
     while std::fs::read_to_string(&metrics).map_or(0, |m| m.lines().count()) < 3 {
         let exited = run
@@ -216,23 +214,33 @@ fn a_killed_process_ends_the_others_with_an_error_naming_it() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    run.children[1].kill().unwrap();
+    run.children[victim].kill().unwrap();
     let killed_at = Instant::now();
     let (ok, logs) = run.wait(Duration::from_secs(60));
-    assert_eq!(ok, [false, false, false], "{}", logs.join("\n---\n"));
+    assert_eq!(ok, vec![false; world], "{}", logs.join("\n---\n"));
     assert!(killed_at.elapsed() < Duration::from_secs(20));
+    logs
+}
+
+/// A process killed mid-run ends every other process at once, with an error naming its rank,
+/// instead of leaving them waiting in an all-reduce: rank 1 of three, then rank 0 of two.
+#[test]
+fn a_killed_process_ends_the_others_with_an_error_naming_it() {
+    let f = fixture("multinode-kill");
+    let logs = kill_mid_run(&f, "kill-rank1", 3, 1);
     for rank in [0, 2] {
+        let log = &logs[rank];
         assert!(
-            logs[rank].contains("rank 1 exited or lost its connection"),
-            "rank {rank}:\n{}",
-            logs[rank]
+            log.contains("rank 1 exited or lost its connection"),
+            "rank {rank}:\n{log}"
         );
-        assert!(
-            !logs[rank].contains("panicked"),
-            "rank {rank}:\n{}",
-            logs[rank]
-        );
+        assert!(!log.contains("panicked"), "rank {rank}:\n{log}");
     }
+    let logs = kill_mid_run(&f, "kill-rank0", 2, 0);
+    let log = &logs[1];
+    assert!(log.contains("error: rank 0 (127.0.0.1:"), "{log}");
+    assert!(log.contains(") exited or lost its connection"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
 }
 
 /// Processes that would not train alike are refused when they join, naming what differs; a

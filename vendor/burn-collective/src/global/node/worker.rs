@@ -238,10 +238,10 @@ impl<C: ProtocolClient> GlobalClientWorker<C> {
         }
 
         log::info!("Worker closing connection");
-        stream_response
-            .close()
-            .await
-            .expect("Can close the websocket stream.");
+        // xtoken patch: an orchestrator gone has closed the stream already (upstream panicked).
+        if let Err(err) = stream_response.close().await {
+            log::warn!("Closing the websocket stream: {err:?}");
+        }
     }
 
     async fn request_sender(
@@ -273,19 +273,19 @@ impl<C: ProtocolClient> GlobalClientWorker<C> {
                     let bytes = rmp_serde::to_vec::<CollectiveMessage>(&request)
                         .expect("Can serialize tasks to bytes.")
                         .into();
-                    stream_request
-                        .send(Message::new(bytes))
-                        .await
-                        .expect("Can send the message on the websocket.");
+                    // xtoken patch: an orchestrator gone ends the loop (upstream panicked).
+                    if let Err(err) = stream_request.send(Message::new(bytes)).await {
+                        log::warn!("Sending to the orchestrator: {err:?}");
+                        break;
+                    }
                 }
             }
         }
 
         log::info!("Worker closing connection");
-        stream_request
-            .close()
-            .await
-            .expect("Can send the close message on the websocket.");
+        if let Err(err) = stream_request.close().await {
+            log::warn!("Closing the websocket stream: {err:?}");
+        }
     }
 
     pub(crate) async fn request(&self, req: RemoteRequest) -> RemoteResponse {
