@@ -118,6 +118,20 @@ impl Worker {
         self.rank == 0
     }
 
+    /// Sums a flat tensor over the workers, as [`Worker::sum`] sums a step's gradients (in
+    /// pieces of at most [`PIECE`] values); alone: returns it.
+    pub fn sum_flat<B: burn::tensor::backend::Backend>(
+        &self,
+        flat: Tensor<B, 1>,
+    ) -> Result<Tensor<B, 1>> {
+        #[cfg(feature = "collective")]
+        if let Some(peer) = self.peer {
+            return collective::reduce(peer, flat)
+                .map_err(|e| crate::error::Error::Parallel(format!("all-reduce failed: {e}")));
+        }
+        Ok(flat)
+    }
+
     /// Sums a step's gradients and values over the workers (one all-reduce of everything).
     pub fn sum<B: AutodiffBackend>(
         &self,
@@ -304,7 +318,7 @@ mod collective {
     }
 
     /// Sums a flat tensor over every worker, in pieces of at most [`PIECE`] values.
-    fn reduce<B: burn::tensor::backend::Backend>(
+    pub(super) fn reduce<B: burn::tensor::backend::Backend>(
         peer: PeerId,
         flat: Tensor<B, 1>,
     ) -> std::result::Result<Tensor<B, 1>, String> {

@@ -332,3 +332,32 @@ fn exchanges_of_every_size_repeat_across_processes() {
         assert!(log.contains("test exchange_child ... ok"), "{log}");
     }
 }
+
+/// `xtoken bench exchange` starts its processes, checks their sums and prints one row per size.
+#[test]
+fn the_exchange_benchmark_measures_between_processes() {
+    let out = Command::new(env!("CARGO_BIN_EXE_xtoken"))
+        .args([
+            "bench",
+            "exchange",
+            "--values",
+            "1000,4000",
+            "--rounds",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let (table, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{err}");
+    let rows = ["| 1000 | 0 |", "| 4000 | 0 |"];
+    for row in rows {
+        assert_eq!(
+            table.lines().filter(|l| l.starts_with(row)).count(),
+            1,
+            "{table}"
+        );
+    }
+}

@@ -4,6 +4,8 @@
 
 pub mod align;
 pub mod alloc;
+#[cfg(feature = "collective")]
+pub mod exchange;
 pub mod forward;
 pub mod kernels;
 pub mod loss;
@@ -32,6 +34,11 @@ pub enum BenchCommand {
     /// `xtoken train`'s whole step (loader, teacher top-K, student forward + backward, losses,
     /// AdamW) on random models with real tokenizer vocabularies: s/step, tokens/s, peak memory.
     Train(train::TrainBenchArgs),
+    /// One all-reduce of a flat f32 tensor between processes (as `xtoken train` sums a step's
+    /// gradients across processes), against the same between threads and a memory pass
+    /// (feature `collective`; under torchrun or srun: between the machines they started).
+    #[cfg(feature = "collective")]
+    Exchange(exchange::ExchangeBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -43,6 +50,8 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Forward(args) => forward::run(args),
         BenchCommand::Kernels(args) => kernels::run(args),
         BenchCommand::Train(args) => train::run(args),
+        #[cfg(feature = "collective")]
+        BenchCommand::Exchange(args) => exchange::run(args),
     }
 }
 
