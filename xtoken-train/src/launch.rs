@@ -34,12 +34,19 @@ impl Devices {
     }
 
     /// The devices `indices` of family `kind`, placed as the environment says. A process of
-    /// several given no indices takes the GPU of its local rank (torchrun's and srun's custom).
+    /// several given no indices takes the GPU of its local rank (torchrun's and srun's custom),
+    /// or the only one `CUDA_VISIBLE_DEVICES` leaves it (srun `--gpus-per-task=1`).
     pub fn placed(kind: DeviceKind, mut indices: Vec<usize>) -> Result<Self> {
         let placement = Placement::from_env()?;
         if let Some(p) = &placement {
             if indices.is_empty() && kind != DeviceKind::Cpu && p.world > 1 {
-                indices.push(p.local_rank);
+                let visible = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default();
+                let one_visible = kind == DeviceKind::Cuda && visible.split(',').count() == 1;
+                indices.push(if one_visible && !visible.trim().is_empty() {
+                    0
+                } else {
+                    p.local_rank
+                });
             }
         }
         Ok(Self {

@@ -1,6 +1,7 @@
 //! X-Token distillation runs on burn: the run configuration, the data pipeline, the training
 //! step and loop, checkpoints with exact resumption, metrics, and data parallelism over the
-//! devices of one machine. The `xtoken` command-line tool is a thin layer over this crate.
+//! devices of one machine and across processes. The `xtoken` command-line tool is a thin layer
+//! over this crate.
 //!
 //! The layers, from a TOML file to a trained student:
 //!
@@ -14,8 +15,10 @@
 //! - [`run`]: a run in named stages ([`Run::open`], [`Run::step`], [`Run::log`],
 //!   [`Run::checkpoint`], [`Run::export`]), and [`train`] to run them all;
 //! - [`checkpoint`], [`metrics`], [`optim`], [`schedule`], [`parallel`];
-//! - [`launch`]: a run on the devices it names, one worker or data-parallel ones;
-//!   [`backend`] picks the burn backend by name.
+//! - [`launch`]: a run on the devices it names, one worker or data-parallel ones, in one
+//!   process or as one of several ([`cluster`]: placement from torchrun's or srun's variables,
+//!   the session that joins and watches the processes); [`backend`] picks the burn backend by
+//!   name.
 //!
 //! A run from a configuration file, on the device the file names:
 //!
