@@ -183,11 +183,15 @@ fn across_processes<B: TrainBackend>(
     if rank != 0 {
         told(&session, prepare_shared_files(&config))?;
     }
+    // Every rank starts training together, so that one all-reduce's wait is never a
+    // preparation elsewhere.
+    session.barrier("prepared")?;
     let nodes = Nodes {
         rank,
         count: world,
         orchestrator: format!("ws://{}:{}", placement.master, placement.port + 1),
         host: session.host.clone(),
+        logs: session.exchange_logs(local),
     };
     let options = options.clone();
     let summary =

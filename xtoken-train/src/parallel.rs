@@ -51,6 +51,9 @@ pub struct Nodes {
     pub orchestrator: String,
     /// The host the other processes reach this one at.
     pub host: String,
+    /// One per worker of this process ([`crate::cluster::Session::exchange_logs`]), so that rank
+    /// 0 can name the ranks that stay behind; empty: unwatched.
+    pub logs: Vec<crate::cluster::ExchangeLog>,
 }
 
 /// This worker among the data-parallel workers of the run.
@@ -63,6 +66,8 @@ pub struct Worker {
     /// Its burn-collective peer when there are several workers.
     #[cfg(feature = "collective")]
     pub peer: Option<burn::collective::PeerId>,
+    /// Where it notes the all-reduces it enters, in a run of several processes.
+    pub log: Option<crate::cluster::ExchangeLog>,
 }
 
 /// What the workers sum after each step: the student's gradients, each learnable W's, and the
@@ -96,6 +101,15 @@ impl Worker {
             count: 1,
             #[cfg(feature = "collective")]
             peer: None,
+            log: None,
+        }
+    }
+
+    /// Notes an all-reduce about to start (see [`crate::cluster::ExchangeLog`]).
+    #[cfg(feature = "collective")]
+    fn entering(&self) {
+        if let Some(log) = &self.log {
+            log.entered();
         }
     }
 
@@ -107,6 +121,7 @@ impl Worker {
     ) -> Result<Vec<f64>> {
         #[cfg(feature = "collective")]
         if let Some(peer) = self.peer {
+            self.entering();
             return collective::sum_values::<B>(peer, values, self.count, device);
         }
         let _ = device;
@@ -126,6 +141,7 @@ impl Worker {
     ) -> Result<Tensor<B, 1>> {
         #[cfg(feature = "collective")]
         if let Some(peer) = self.peer {
+            self.entering();
             return collective::reduce(peer, flat)
                 .map_err(|e| crate::error::Error::Parallel(format!("all-reduce failed: {e}")));
         }
@@ -140,6 +156,7 @@ impl Worker {
     ) -> Result<Summed> {
         #[cfg(feature = "collective")]
         if let Some(peer) = self.peer {
+            self.entering();
             return collective::all_reduce(peer, exchange, device);
         }
         let _ = device;
@@ -398,7 +415,7 @@ mod collective {
     /// One worker thread: joins the collective, works, and leaves it (even after an error, so
     /// that the others are not left waiting on a registration that never ends).
     fn worker<B, T, F>(
-        (rank, count): (usize, usize),
+        (rank, count, log): (usize, usize, Option<crate::cluster::ExchangeLog>),
         device: B::Device,
         config: CollectiveConfig,
         work: &F,
@@ -415,6 +432,7 @@ mod collective {
             rank,
             count,
             peer: Some(peer),
+            log,
         };
         let result = work(worker, device);
         let finished = collective::finish_collective::<B::InnerBackend>(peer);
@@ -467,10 +485,11 @@ mod collective {
             let mut handles = Vec::with_capacity(local);
             for (i, device) in devices.into_iter().enumerate() {
                 let (config, work, rank) = (config.clone(), &work, first + i);
+                let log = nodes.and_then(|n| n.logs.get(i).cloned());
                 let handle = std::thread::Builder::new()
                     .name(format!("xtoken-worker-{rank}"))
                     .spawn_scoped(scope, move || {
-                        worker::<B, T, F>((rank, count), device, config, work)
+                        worker::<B, T, F>((rank, count, log), device, config, work)
                     })?;
                 handles.push(handle);
             }

@@ -33,16 +33,23 @@ fn free_ports() -> u16 {
     }
 }
 
-/// torchrun's variables for `rank` of `world` processes on this machine.
+/// torchrun's variables for `rank` of `world` processes on this machine, and short timeouts
+/// (unless the command sets its own).
 fn torchrun_env(command: &mut Command, rank: usize, world: usize, port: u16) {
     command
         .env("RANK", rank.to_string())
         .env("WORLD_SIZE", world.to_string())
         .env("LOCAL_RANK", rank.to_string())
         .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", port.to_string())
-        .env("XTOKEN_PEER_TIMEOUT_S", "20")
-        .env("XTOKEN_JOIN_TIMEOUT_S", "60");
+        .env("MASTER_PORT", port.to_string());
+    for (name, seconds) in [
+        ("XTOKEN_PEER_TIMEOUT_S", "20"),
+        ("XTOKEN_JOIN_TIMEOUT_S", "60"),
+    ] {
+        if !command.get_envs().any(|(k, _)| k == name) {
+            command.env(name, seconds);
+        }
+    }
 }
 
 /// Processes started together, each logging to a file of its own.
@@ -192,14 +199,18 @@ fn processes_and_workers_end_where_one_worker_on_the_combined_batch_ends() {
     assert_eq!(rows.lines().count(), 1 + 4, "{rows}");
 }
 
-/// Starts `world` processes on a long run, kills rank `victim` after its second step, and
-/// returns every process's log once all have ended (each must fail, within the peer timeout).
-fn kill_mid_run(f: &Fixture, tag: &str, world: usize, victim: usize) -> Vec<String> {
+/// Starts `world` processes on a long run (with `env` set) and returns once rank 0 has logged
+/// two steps.
+fn long_run(f: &Fixture, tag: &str, world: usize, env: &[(&str, &str)]) -> Processes {
     let path = setup(f, tag, 1);
     let text = std::fs::read_to_string(&path).unwrap();
     let text = text.replace("batch_size = 4", &format!("batch_size = {}", 2 * world));
     std::fs::write(&path, text.replace("steps = 4", "steps = 100000")).unwrap();
-    let mut run = Processes::start(&f.dir.0, tag, world, |_| xtoken_train(&path, &[]));
+    let mut run = Processes::start(&f.dir.0, tag, world, |_| {
+        let mut c = xtoken_train(&path, &[]);
+        c.envs(env.iter().copied());
+        c
+    });
     let metrics = f.dir.0.join(tag).join("metrics.csv");
     let deadline = Instant::now() + Duration::from_secs(120);
     while std::fs::read_to_string(&metrics).map_or(0, |m| m.lines().count()) < 3 {
@@ -214,6 +225,13 @@ fn kill_mid_run(f: &Fixture, tag: &str, world: usize, victim: usize) -> Vec<Stri
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    run
+}
+
+/// Kills rank `victim` of a long run and returns every process's log once all have ended (each
+/// must fail, within seconds).
+fn kill_mid_run(f: &Fixture, tag: &str, world: usize, victim: usize) -> Vec<String> {
+    let mut run = long_run(f, tag, world, &[]);
     run.children[victim].kill().unwrap();
     let killed_at = Instant::now();
     let (ok, logs) = run.wait(Duration::from_secs(60));
@@ -241,6 +259,35 @@ fn a_killed_process_ends_the_others_with_an_error_naming_it() {
     assert!(log.contains("error: rank 0 (127.0.0.1:"), "{log}");
     assert!(log.contains(") exited or lost its connection"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
+}
+
+/// A process that stops answering (SIGSTOP: alive, silent) ends the others after the peer
+/// timeout, with an error naming it.
+#[test]
+fn a_silent_process_ends_the_others_after_the_peer_timeout() {
+    let f = fixture("multinode-silent");
+    let mut run = long_run(&f, "silent", 2, &[("XTOKEN_PEER_TIMEOUT_S", "2")]);
+    let pid = run.children[1].id().to_string();
+    let stopped = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    assert!(stopped.success());
+    let stopped_at = Instant::now();
+    while run.children[0].try_wait().unwrap().is_none() {
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(60),
+            "{}",
+            run.all_logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(stopped_at.elapsed() >= Duration::from_secs(2));
+    run.children[1].kill().unwrap();
+    let (ok, logs) = run.wait(Duration::from_secs(30));
+    assert_eq!(ok, [false, false]);
+    assert!(
+        logs[0].contains("error: rank 1 sent nothing for 2 s"),
+        "{}",
+        logs[0]
+    );
 }
 
 /// Processes that would not train alike are refused when they join, naming what differs; a
@@ -295,6 +342,7 @@ fn exchange_child() {
         count: placement.world,
         orchestrator: format!("ws://{}:{}", placement.master, placement.port + 1),
         host: session.host.clone(),
+        logs: session.exchange_logs(1),
     };
     let devices = vec![Default::default()];
     run_workers::<Autodiff<NdArray>, _, _>(devices, Some(&nodes), |worker, device| {

@@ -71,6 +71,7 @@ fn as_process(placement: &Placement, args: &ExchangeBenchArgs) -> Result<Vec<f64
         count: placement.world,
         orchestrator: format!("ws://{}:{}", placement.master, placement.port + 1),
         host: session.host.clone(),
+        logs: session.exchange_logs(1),
     };
     let (values, rounds) = (args.values.clone(), args.rounds);
     let seconds = session.run(move || {

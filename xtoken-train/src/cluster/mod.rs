@@ -3,9 +3,11 @@
 //! processes and watches them ([`Session`]). The gradients themselves travel through
 //! burn-collective (see [`crate::parallel`]); this module starts its orchestrator on rank 0.
 
+mod exchanges;
 mod placement;
 mod session;
 
+pub use exchanges::ExchangeLog;
 pub use placement::{first_host, Placement};
 pub use session::{Plan, Session, Timeouts};
 

@@ -6,8 +6,8 @@
 //! with an error naming it; a training thread stuck in an exchange with it is left behind.
 //!
 //! The lines on the wire (text, one per message):
-//! - to rank 0: `hello RANK WORLD WORKERS PLAN`, `beat`, `ready BARRIER`, `failed MESSAGE`,
-//!   `done FINGERPRINT`;
+//! - to rank 0: `hello RANK WORLD WORKERS PLAN`, `beat`, `ready BARRIER`, `at EXCHANGE`,
+//!   `failed MESSAGE`, `done FINGERPRINT`;
 //! - from rank 0: `welcome ADDRESS` or `refused MESSAGE`, `beat`, `go BARRIER`, `abort MESSAGE`,
 //!   `end ok` or `end MESSAGE`.
 
@@ -17,6 +17,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::exchanges::{record, watchdog, ExchangeLog};
 use super::Placement;
 use crate::error::{Error, Result};
 
@@ -29,6 +30,9 @@ pub struct Timeouts {
     /// For a rank that sends nothing, not even its heartbeat (`XTOKEN_PEER_TIMEOUT_S`,
     /// default 60 s). A rank that exits is noticed at once, whatever this is.
     pub peer: Duration,
+    /// For the ranks that have not reached an all-reduce the others entered
+    /// (`XTOKEN_EXCHANGE_TIMEOUT_S`, default 1800 s: rank 0 may be writing a checkpoint).
+    pub exchange: Duration,
 }
 
 impl Timeouts {
@@ -51,6 +55,7 @@ impl Timeouts {
         Ok(Self {
             join: seconds("XTOKEN_JOIN_TIMEOUT_S", 600)?,
             peer: seconds("XTOKEN_PEER_TIMEOUT_S", 60)?,
+            exchange: seconds("XTOKEN_EXCHANGE_TIMEOUT_S", 1800)?,
         })
     }
 }
@@ -68,6 +73,7 @@ pub struct Plan {
 /// This process's place in a joined run, and its control channel to the others.
 pub struct Session {
     placement: Placement,
+    timeouts: Timeouts,
     /// The host the other processes reach this one at (rank 0: `MASTER_ADDR`; others: the
     /// address rank 0 saw them connect from).
     pub host: String,
@@ -75,7 +81,7 @@ pub struct Session {
     link: Link,
 }
 
-enum Link {
+pub(super) enum Link {
     /// Rank 0: every other rank's connection.
     Leader(Vec<Peer>),
     /// The connection to rank 0.
@@ -83,18 +89,18 @@ enum Link {
 }
 
 /// Another rank and rank 0's connection to it.
-type Peer = (usize, Arc<Mutex<TcpStream>>);
+pub(super) type Peer = (usize, Arc<Mutex<TcpStream>>);
 
 #[derive(Default)]
-struct Shared {
+pub(super) struct Shared {
     state: Mutex<State>,
-    changed: Condvar,
+    pub(super) changed: Condvar,
 }
 
 type Hook = Box<dyn FnOnce(String) + Send>;
 
 #[derive(Default)]
-struct State {
+pub(super) struct State {
     /// Barriers every rank has reached.
     released: HashSet<String>,
     /// Rank 0: the ranks at each barrier.
@@ -102,11 +108,15 @@ struct State {
     /// Rank 0: each rank's parameter fingerprint at the end.
     done: BTreeMap<usize, u64>,
     /// The end, as rank 0 judged it.
-    ended: Option<Result<(), String>>,
+    pub(super) ended: Option<Result<(), String>>,
     /// Why the run stopped, naming the rank at fault.
-    aborted: Option<String>,
+    pub(super) aborted: Option<String>,
     /// Called once with the abort's message (ends a waiting [`Session::run`]).
     hook: Option<Hook>,
+    /// Rank 0: the all-reduces each rank has entered (its slowest worker's count).
+    pub(super) at: BTreeMap<usize, u64>,
+    /// Rank 0: when, and by which rank, each all-reduce was first entered.
+    pub(super) reached: BTreeMap<u64, (Instant, usize)>,
 }
 
 impl Session {
@@ -118,13 +128,24 @@ impl Session {
         } else {
             member(placement, plan, timeouts)?
         };
-        session.watch(timeouts.peer);
+        session.watch();
         Ok(session)
     }
 
     /// This process's placement.
     pub fn placement(&self) -> &Placement {
         &self.placement
+    }
+
+    /// One log per worker of this process, in which each worker notes the all-reduces it
+    /// enters: rank 0 ends the run, naming them, when ranks stay behind an all-reduce the others
+    /// entered for longer than the exchange timeout.
+    pub fn exchange_logs(&self, workers: usize) -> Vec<ExchangeLog> {
+        let report = match &self.link {
+            Link::Leader(_) => None,
+            Link::Member(stream) => Some(stream.clone()),
+        };
+        ExchangeLog::for_workers(workers, self.shared.clone(), report)
     }
 
     /// Waits until every rank has reached the barrier `name`.
@@ -229,12 +250,20 @@ impl Session {
     }
 
     /// Starts the threads that read the control channel and send heartbeats.
-    fn watch(&self, peer_timeout: Duration) {
+    fn watch(&self) {
+        let peer_timeout = self.timeouts.peer;
         let beat = (peer_timeout / 4).max(Duration::from_millis(200));
         match &self.link {
             Link::Leader(peers) => {
                 let streams: Vec<_> = peers.iter().map(|(_, s)| s.clone()).collect();
                 heartbeat(self.shared.clone(), streams, beat);
+                let (shared, everyone) = (self.shared.clone(), peers.clone());
+                watchdog(
+                    shared,
+                    everyone,
+                    self.placement.world,
+                    self.timeouts.exchange,
+                );
                 for (rank, stream) in peers {
                     let (shared, everyone) = (self.shared.clone(), peers.clone());
                     let (rank, world) = (*rank, self.placement.world);
@@ -256,7 +285,7 @@ impl Session {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -309,6 +338,7 @@ fn lead(placement: &Placement, plan: Plan, timeouts: Timeouts) -> Result<Session
     }
     Ok(Session {
         placement: placement.clone(),
+        timeouts,
         host: placement.master.clone(),
         shared: Arc::default(),
         link: Link::Leader(peers),
@@ -409,6 +439,7 @@ fn member(placement: &Placement, plan: Plan, timeouts: Timeouts) -> Result<Sessi
     };
     Ok(Session {
         placement: placement.clone(),
+        timeouts,
         host,
         shared: Arc::default(),
         link: Link::Member(Arc::new(Mutex::new(stream))),
@@ -512,6 +543,7 @@ fn on_member_event(
                     shared.changed.notify_all();
                 }
                 "failed" => lost(format!("failed: {rest}")),
+                "at" => record(&mut shared.lock(), rank, rest.parse().unwrap_or(0)),
                 "done" => {
                     let mut state = shared.lock();
                     state
@@ -601,7 +633,7 @@ fn end_if_complete(state: &mut State, world: usize, peers: &[Peer]) {
 }
 
 /// Stops the run with `message`: wakes every waiter and the running [`Session::run`].
-fn abort(shared: &Shared, message: String) {
+pub(super) fn abort(shared: &Shared, message: String) {
     let hook = {
         let mut state = shared.lock();
         if state.aborted.is_some() {
@@ -616,13 +648,13 @@ fn abort(shared: &Shared, message: String) {
     }
 }
 
-fn broadcast(peers: &[Peer], line: &str, except: Option<usize>) {
+pub(super) fn broadcast(peers: &[Peer], line: &str, except: Option<usize>) {
     for (_, stream) in peers.iter().filter(|(r, _)| Some(*r) != except) {
         let _ = send(stream, line);
     }
 }
 
-fn send(stream: &Mutex<TcpStream>, line: &str) -> Result<()> {
+pub(super) fn send(stream: &Mutex<TcpStream>, line: &str) -> Result<()> {
     let mut stream = stream.lock().unwrap_or_else(|e| e.into_inner());
     stream.write_all(format!("{line}\n").as_bytes())?;
     Ok(())

@@ -1,0 +1,180 @@
+//! Ranks that stay behind: every worker notes the all-reduces it enters ([`ExchangeLog`]), each
+//! process tells rank 0 the count of its slowest worker, and rank 0 ends the run, naming the
+//! ranks, when some have not entered an all-reduce that another rank entered longer ago than
+//! the exchange timeout. A rank stuck in its own work (a hung device, a deadlock) is alive for
+//! the heartbeats, so only this notices it.
+
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::session::{abort, broadcast, send, Peer, Shared, State};
+
+/// Where one worker of this process notes the all-reduces it enters.
+#[derive(Clone)]
+pub struct ExchangeLog {
+    process: Arc<Process>,
+    worker: usize,
+}
+
+/// What the workers of one process share: their counts, and the count last told to rank 0.
+struct Process {
+    counts: Vec<AtomicU64>,
+    told: Mutex<u64>,
+    shared: Arc<Shared>,
+    /// The connection to rank 0 (none on rank 0 itself).
+    report: Option<Arc<Mutex<TcpStream>>>,
+}
+
+impl std::fmt::Debug for ExchangeLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ExchangeLog(worker {})", self.worker)
+    }
+}
+
+impl ExchangeLog {
+    pub(super) fn for_workers(
+        workers: usize,
+        shared: Arc<Shared>,
+        report: Option<Arc<Mutex<TcpStream>>>,
+    ) -> Vec<Self> {
+        let process = Arc::new(Process {
+            counts: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+            told: Mutex::new(0),
+            shared,
+            report,
+        });
+        (0..workers)
+            .map(|worker| Self {
+                process: process.clone(),
+                worker,
+            })
+            .collect()
+    }
+
+    /// Notes that this worker enters its next all-reduce.
+    pub fn entered(&self) {
+        let p = &self.process;
+        p.counts[self.worker].fetch_add(1, Ordering::Relaxed);
+        let slowest = p
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(0);
+        let mut told = p.told.lock().unwrap_or_else(|e| e.into_inner());
+        if slowest <= *told {
+            return;
+        }
+        *told = slowest;
+        match &p.report {
+            Some(stream) => {
+                let _ = send(stream, &format!("at {slowest}"));
+            }
+            None => record(&mut p.shared.lock(), 0, slowest),
+        }
+    }
+}
+
+/// Rank 0: notes that `rank` entered all-reduce number `count`.
+pub(super) fn record(state: &mut State, rank: usize, count: u64) {
+    state.at.insert(rank, count);
+    state.reached.entry(count).or_insert((Instant::now(), rank));
+    let lowest = state.at.values().copied().min().unwrap_or(0);
+    state.reached.retain(|&k, _| k + 1 >= lowest);
+}
+
+/// Rank 0: checks every second for ranks behind an all-reduce entered over `timeout` ago.
+pub(super) fn watchdog(shared: Arc<Shared>, peers: Vec<Peer>, world: usize, timeout: Duration) {
+    let every = (timeout / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let _ = std::thread::Builder::new()
+        .name("xtoken-exchanges".into())
+        .spawn(move || loop {
+            std::thread::sleep(every);
+            let stalled = {
+                let state = shared.lock();
+                if state.ended.is_some() || state.aborted.is_some() {
+                    return;
+                }
+                stalled(&state, world, timeout)
+            };
+            if let Some(message) = stalled {
+                broadcast(&peers, &format!("abort {message}"), None);
+                abort(&shared, message);
+                return;
+            }
+        });
+}
+
+/// The message naming the ranks behind the furthest all-reduce, once it is over `timeout` old.
+fn stalled(state: &State, world: usize, timeout: Duration) -> Option<String> {
+    let furthest = state.at.values().copied().max()?;
+    let (since, first) = *state.reached.get(&furthest)?;
+    if since.elapsed() <= timeout {
+        return None;
+    }
+    let behind: Vec<usize> = (0..world)
+        .filter(|r| state.at.get(r).copied().unwrap_or(0) < furthest)
+        .collect();
+    (!behind.is_empty()).then(|| {
+        format!(
+            "rank(s) {behind:?} did not reach all-reduce {furthest}, which rank {first} entered \
+             {:.0} s ago (XTOKEN_EXCHANGE_TIMEOUT_S = {} s): stuck or far slower than the others",
+            since.elapsed().as_secs_f64(),
+            timeout.as_secs_f64()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Placement, Plan, Session, Timeouts};
+    use std::time::{Duration, Instant};
+
+    /// Two sessions in one process: rank 0 enters a second all-reduce that rank 1 never does.
+    #[test]
+    fn a_rank_behind_an_all_reduce_is_named_after_the_exchange_timeout() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let placement = move |rank| Placement {
+            rank,
+            world: 2,
+            local_rank: rank,
+            master: "127.0.0.1".into(),
+            port,
+            launcher: "torchrun",
+        };
+        let timeouts = Timeouts {
+            join: Duration::from_secs(20),
+            peer: Duration::from_secs(20),
+            exchange: Duration::from_millis(400),
+        };
+        let plan = Plan {
+            workers: 1,
+            hash: 9,
+        };
+        let member = std::thread::spawn(move || Session::join(&placement(1), plan, timeouts));
+        let leader = Session::join(&placement(0), plan, timeouts).unwrap();
+        let member = member.join().unwrap().unwrap();
+        let (ahead, behind) = (leader.exchange_logs(1), member.exchange_logs(1));
+        let start = Instant::now();
+        ahead[0].entered();
+        behind[0].entered();
+        ahead[0].entered();
+        // Each waits at a barrier of its own, which only the abort ends.
+        let waiting = std::thread::spawn(move || member.barrier("b").unwrap_err().to_string());
+        let at_leader = leader.barrier("a").unwrap_err().to_string();
+        let at_member = waiting.join().unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(400));
+        for message in [at_leader, at_member] {
+            assert!(
+                message.starts_with("rank(s) [1] did not reach all-reduce 2, which rank 0 entered"),
+                "{message}"
+            );
+        }
+    }
+}
