@@ -196,7 +196,7 @@ impl Session {
 
     /// Runs `work` on a thread of its own and returns its result, or the error of another rank
     /// that failed first (the thread is then left to the process's end). An error of `work` is
-    /// told to the other ranks.
+    /// told to the other ranks, unless another rank's failure arrives within 2 s of it.
     pub fn run<T, F>(&self, work: F) -> Result<T>
     where
         T: Send + 'static,
@@ -224,12 +224,33 @@ impl Session {
             .recv()
             .unwrap_or_else(|_| Err(Error::Run("the training thread vanished".into())));
         self.shared.lock().hook = None;
-        if let Err(e) = &result {
-            if self.shared.lock().aborted.is_none() {
-                self.fail(&e.report());
-            }
+        let e = match result {
+            Ok(value) => return Ok(value),
+            Err(e) => e,
+        };
+        // An exchange with a rank that died fails here a moment before the control channel
+        // says which rank it was: that message is the better error.
+        if let Some(message) = self.aborted_within(Duration::from_secs(2)) {
+            return Err(Error::Parallel(message));
         }
-        result
+        self.fail(&e.report());
+        Err(e)
+    }
+
+    /// The abort's message, if one arrives within `grace`.
+    fn aborted_within(&self, grace: Duration) -> Option<String> {
+        let deadline = Instant::now() + grace;
+        let mut state = self.shared.lock();
+        while state.aborted.is_none() {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, left)
+                .map(|(s, _)| s)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        state.aborted.clone()
     }
 
     fn wait<T>(&self, done: impl Fn(&State) -> Option<Result<T>>) -> Result<T> {
