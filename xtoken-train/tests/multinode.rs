@@ -279,7 +279,8 @@ fn a_silent_process_ends_the_others_after_the_peer_timeout() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(stopped_at.elapsed() >= Duration::from_secs(2));
+    // The 2 s run from the last heartbeat, which may have left up to 0.5 s before the stop.
+    assert!(stopped_at.elapsed() >= Duration::from_millis(1400));
     run.children[1].kill().unwrap();
     let (ok, logs) = run.wait(Duration::from_secs(30));
     assert_eq!(ok, [false, false]);
