@@ -6,7 +6,7 @@
 use std::hash::Hasher;
 
 use crate::backend::{on_backend, DeviceKind, OnBackend, TrainBackend};
-use crate::cluster::{Placement, Plan, Session, Timeouts};
+use crate::cluster::{join_as_node, Placement, Plan, Session, Timeouts};
 use crate::config::RunConfig;
 use crate::error::{Error, Result};
 use crate::inputs::prepare_shared_files;
@@ -165,11 +165,7 @@ fn across_processes<B: TrainBackend>(
         workers: local,
         hash: plan_hash(&config, options, kind)?,
     };
-    #[cfg(feature = "collective")]
-    if rank == 0 {
-        crate::cluster::start_orchestrator(placement.port + 1)?;
-    }
-    let session = Session::join(placement, plan, Timeouts::from_env()?)?;
+    let (session, nodes) = join_as_node(placement, plan, Timeouts::from_env()?)?;
     eprintln!(
         "rank {rank} of {world} ({}): {local} worker(s) here, {} in all; reached at {}",
         placement.launcher,
@@ -186,13 +182,6 @@ fn across_processes<B: TrainBackend>(
     // Every rank starts training together, so that one all-reduce's wait is never a
     // preparation elsewhere.
     session.barrier("prepared")?;
-    let nodes = Nodes {
-        rank,
-        count: world,
-        orchestrator: format!("ws://{}:{}", placement.master, placement.port + 1),
-        host: session.host.clone(),
-        logs: session.exchange_logs(local),
-    };
     let options = options.clone();
     let summary =
         session.run(move || train_workers::<B>(config, &options, devices, Some(&nodes)))?;

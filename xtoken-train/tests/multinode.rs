@@ -16,22 +16,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use fixture::*;
 use xtoken_models::Transformer;
-use xtoken_train::cluster::{Placement, Plan, Session, Timeouts};
-use xtoken_train::parallel::{run_workers, Nodes};
-
-/// Two ports in a row that are free now: the rendezvous and burn-collective's orchestrator.
-fn free_ports() -> u16 {
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if port < u16::MAX && std::net::TcpListener::bind(("0.0.0.0", port + 1)).is_ok() {
-            return port;
-        }
-    }
-}
+use xtoken_train::cluster::{free_port_pair, join_as_node, Placement, Plan, Timeouts};
+use xtoken_train::parallel::run_workers;
 
 /// torchrun's variables for `rank` of `world` processes on this machine, and short timeouts
 /// (unless the command sets its own).
@@ -61,7 +47,7 @@ struct Processes {
 impl Processes {
     /// Starts `world` processes of `command(rank)`, logging under `dir`.
     fn start(dir: &Path, tag: &str, world: usize, command: impl Fn(usize) -> Command) -> Self {
-        let port = free_ports();
+        let port = free_port_pair().unwrap();
         let (mut children, mut logs) = (Vec::new(), Vec::new());
         for rank in 0..world {
             let log = dir.join(format!("{tag}-rank{rank}.log"));
@@ -315,7 +301,7 @@ fn processes_that_cannot_train_together_are_refused_by_name() {
     assert!(logs[1].contains("rank 0 refused rank 1"), "{}", logs[1]);
 
     let mut alone = xtoken_train(&path, &[]);
-    torchrun_env(&mut alone, 1, 2, free_ports());
+    torchrun_env(&mut alone, 1, 2, free_port_pair().unwrap());
     let out = alone.env("XTOKEN_JOIN_TIMEOUT_S", "1").output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -330,21 +316,12 @@ fn processes_that_cannot_train_together_are_refused_by_name() {
 #[ignore = "a child process of `exchanges_of_every_size_repeat_across_processes`"]
 fn exchange_child() {
     let placement = Placement::from_env().unwrap().expect("torchrun variables");
-    if placement.rank == 0 {
-        xtoken_train::cluster::start_orchestrator(placement.port + 1).unwrap();
-    }
     let plan = Plan {
         workers: 1,
         hash: 7,
     };
-    let session = Session::join(&placement, plan, Timeouts::from_env().unwrap()).unwrap();
-    let nodes = Nodes {
-        rank: placement.rank,
-        count: placement.world,
-        orchestrator: format!("ws://{}:{}", placement.master, placement.port + 1),
-        host: session.host.clone(),
-        logs: session.exchange_logs(1),
-    };
+    let timeouts = Timeouts::from_env().unwrap();
+    let (session, nodes) = join_as_node(&placement, plan, timeouts).unwrap();
     let devices = vec![Default::default()];
     run_workers::<Autodiff<NdArray>, _, _>(devices, Some(&nodes), |worker, device| {
         for round in 0..30usize {

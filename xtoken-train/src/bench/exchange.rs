@@ -16,8 +16,8 @@ use clap::Args;
 use serde_json::json;
 
 use super::median;
-use xtoken_train::cluster::{start_orchestrator, Placement, Plan, Session, Timeouts};
-use xtoken_train::parallel::{run_workers, Nodes, Worker};
+use xtoken_train::cluster::{free_port_pair, join_as_node, Placement, Plan, Timeouts};
+use xtoken_train::parallel::{run_workers, Worker};
 
 type Cpu = Autodiff<NdArray>;
 
@@ -60,19 +60,9 @@ pub fn run(args: ExchangeBenchArgs) -> Result<()> {
 
 /// One process of a measurement across processes: the seconds per all-reduce of each size.
 fn as_process(placement: &Placement, args: &ExchangeBenchArgs) -> Result<Vec<f64>> {
-    if placement.rank == 0 {
-        start_orchestrator(placement.port + 1)?;
-    }
     let hash = xxhash_rust::xxh3::xxh3_64(format!("{:?} {}", args.values, args.rounds).as_bytes());
     let plan = Plan { workers: 1, hash };
-    let session = Session::join(placement, plan, Timeouts::from_env()?)?;
-    let nodes = Nodes {
-        rank: placement.rank,
-        count: placement.world,
-        orchestrator: format!("ws://{}:{}", placement.master, placement.port + 1),
-        host: session.host.clone(),
-        logs: session.exchange_logs(1),
-    };
+    let (session, nodes) = join_as_node(placement, plan, Timeouts::from_env()?)?;
     let (values, rounds) = (args.values.clone(), args.rounds);
     let seconds = session.run(move || {
         let each = run_workers::<Cpu, _, _>(vec![Default::default()], Some(&nodes), |w, _| {
@@ -186,19 +176,6 @@ fn start_processes(args: &ExchangeBenchArgs) -> Result<Vec<f64>> {
                 .with_context(|| format!("rank 0 printed {line:?}"))
         })
         .collect()
-}
-
-/// A port free now whose next port is free too (the rendezvous and the orchestrator).
-fn free_port_pair() -> Result<u16> {
-    for _ in 0..100 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        if port < u16::MAX && std::net::TcpListener::bind(("0.0.0.0", port + 1)).is_ok() {
-            return Ok(port);
-        }
-    }
-    bail!("no two free ports in a row on this machine")
 }
 
 fn print_table(
