@@ -36,6 +36,10 @@ pub struct CheckpointState {
     pub seconds: f64,
     /// The teachers' names, in order.
     pub teachers: Vec<String>,
+    /// Where the learning rate's decay restarted when the run was extended with
+    /// `--extend-steps decay`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_from: Option<crate::schedule::DecayAnchor>,
 }
 
 fn recorder() -> BinFileRecorder<FullPrecisionSettings> {

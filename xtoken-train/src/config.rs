@@ -108,19 +108,61 @@ pub struct TeacherConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
-    /// `.jsonl` (one JSON object per line), `.parquet`, or `.txt` (one document per line).
-    pub path: PathBuf,
-    /// The JSON field or parquet column holding the text.
+    /// A file, a directory, a glob, or a list of them: `.jsonl`, `.jsonl.zst`, `.parquet`,
+    /// `.txt` or `.txt.zst` shards (see [`crate::data::sources`]).
+    pub path: DataPaths,
+    /// With a list in `path`: each entry is a source of its own, drawn with this weight
+    /// (a mixture); without, the list's shards form one source.
+    pub weights: Option<Vec<f64>>,
+    /// The JSON field or parquet column holding the text (`.txt` shards have none).
     #[serde(default = "defaults::text_field")]
     pub text_field: String,
-    /// The alignment cache; default `<output_dir>/data/<file stem>.xtc`, built when absent.
-    pub cache: Option<PathBuf>,
+    /// The alignment cache of a single-file `path`: `true` (at `<output_dir>/data/<file
+    /// stem>.xtc`) or a path; built when absent. Without it the data is streamed: tokenized and
+    /// aligned by the loader's threads while training runs.
+    pub cache: Option<CacheSetting>,
     /// Tokenization/alignment threads; 0 = every core.
     #[serde(default)]
     pub workers: usize,
     /// Batches assembled ahead of the training loop by the background loader.
     #[serde(default = "defaults::prefetch")]
     pub prefetch: usize,
+}
+
+/// `data.path`: one path (a file, a directory or a glob) or a list of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DataPaths {
+    /// One entry.
+    One(PathBuf),
+    /// Several entries.
+    Many(Vec<PathBuf>),
+}
+
+impl DataPaths {
+    /// The entries, in order.
+    pub fn entries(&self) -> &[PathBuf] {
+        match self {
+            DataPaths::One(p) => std::slice::from_ref(p),
+            DataPaths::Many(list) => list,
+        }
+    }
+}
+
+impl From<PathBuf> for DataPaths {
+    fn from(path: PathBuf) -> Self {
+        DataPaths::One(path)
+    }
+}
+
+/// `data.cache`: on at its default place, or at a path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CacheSetting {
+    /// `true`: `<output_dir>/data/<file stem>.xtc`; `false`: stream.
+    On(bool),
+    /// This file.
+    At(PathBuf),
 }
 
 /// Steps, batches and the optimizer.
@@ -455,11 +497,7 @@ impl RunConfig {
         self.device.parse::<crate::backend::DeviceKind>()?;
         self.student_dtype()?;
         self.validate_teachers()?;
-        if self.data_format()? == DataFormat::Txt && self.data.text_field != "text" {
-            return Err(Error::Config(
-                "data.text_field: a .txt file has no fields (one document per line)".into(),
-            ));
-        }
+        self.validate_data()?;
         at_least_one("data.prefetch", self.data.prefetch as u64)?;
         self.training.validate()?;
         self.grad_accum(1)?;
@@ -663,22 +701,94 @@ impl RunConfig {
         }
     }
 
-    /// The data file's format, from its extension.
+    /// The format of a single-file `data.path`.
     pub fn data_format(&self) -> Result<DataFormat> {
-        DataFormat::of(&self.data.path).with_context(|| "data.path")
+        match self.data.path.entries() {
+            [one] => DataFormat::of(one).with_context(|| "data.path"),
+            _ => Err(Error::Config(
+                "data.path: a list of shards has no single format".into(),
+            )),
+        }
     }
 
-    /// The alignment cache's path.
-    pub fn cache_path(&self) -> PathBuf {
-        self.data.cache.clone().unwrap_or_else(|| {
-            let stem = self
-                .data
-                .path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "data".into());
-            self.output_dir.join("data").join(format!("{stem}.xtc"))
-        })
+    /// Tokenization and alignment threads: `data.workers`, or every core.
+    pub fn data_threads(&self) -> usize {
+        match self.data.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
+
+    /// The alignment cache's path, when `data.cache` asks for one.
+    pub fn cache_path(&self) -> Option<PathBuf> {
+        match self.data.cache.as_ref()? {
+            CacheSetting::On(false) => None,
+            CacheSetting::At(path) => Some(path.clone()),
+            CacheSetting::On(true) => {
+                let stem = self.data.path.entries().first().and_then(|p| {
+                    let name = p.file_name()?.to_string_lossy().into_owned();
+                    Some(name.split('.').next().unwrap_or("data").to_string())
+                });
+                let stem = stem.unwrap_or_else(|| "data".into());
+                Some(self.output_dir.join("data").join(format!("{stem}.xtc")))
+            }
+        }
+    }
+
+    /// `[data]`'s paths, weights and cache, as far as they can be checked without reading the
+    /// file system: every plain file entry has a known format, the weights match the entries,
+    /// and a cache is made of one file.
+    fn validate_data(&self) -> Result<()> {
+        let d = &self.data;
+        let entries = d.path.entries();
+        if entries.is_empty() {
+            return Err(Error::Config("data.path: the list is empty".into()));
+        }
+        for (i, entry) in entries.iter().enumerate() {
+            let key = match &d.path {
+                DataPaths::One(_) => "data.path".to_string(),
+                DataPaths::Many(_) => format!("data.path[{i}]"),
+            };
+            let text = entry.to_string_lossy();
+            let pattern = text.contains(['*', '?', '[']);
+            if !pattern && !entry.is_dir() {
+                DataFormat::of(entry).with_context(|| key.clone())?;
+            }
+        }
+        if let Some(weights) = &d.weights {
+            if weights.len() != entries.len() {
+                return Err(Error::Config(format!(
+                    "data.weights: {} weights for {} data.path entries",
+                    weights.len(),
+                    entries.len()
+                )));
+            }
+            for (i, &w) in weights.iter().enumerate() {
+                positive(&format!("data.weights[{i}]"), w)?;
+            }
+        }
+        if self.cache_path().is_some() {
+            let single = matches!(entries, [one] if !one.is_dir()
+                && !one.to_string_lossy().contains(['*', '?', '[']));
+            let format = if single {
+                self.data_format()?
+            } else {
+                DataFormat::Jsonl
+            };
+            if !single || d.weights.is_some() || DataFormat::compressed(&entries[0]) {
+                return Err(Error::Config(
+                    "data.cache: an alignment cache is made of one uncompressed file; stream \
+                     shards, directories and mixtures (leave data.cache out)"
+                        .into(),
+                ));
+            }
+            if format == DataFormat::Txt && d.text_field != "text" {
+                return Err(Error::Config(
+                    "data.text_field: a .txt file has no fields (one document per line)".into(),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -694,22 +804,32 @@ pub enum DataFormat {
 }
 
 impl DataFormat {
-    /// The format of a data file, by its extension.
+    /// The format of a data file, by its extension; `.jsonl.zst` and `.txt.zst` are the same
+    /// formats compressed with zstd.
     pub fn of(path: &Path) -> Result<Self> {
-        let ext = path
-            .extension()
-            .map(|e| e.to_string_lossy().to_ascii_lowercase());
-        Ok(match ext.as_deref() {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_ascii_lowercase())
+            .unwrap_or_default();
+        let name = name.strip_suffix(".zst").unwrap_or(&name);
+        let ext = name.rsplit_once('.').map(|(_, e)| e);
+        Ok(match ext {
             Some("jsonl") | Some("json") => DataFormat::Jsonl,
-            Some("parquet") => DataFormat::Parquet,
+            Some("parquet") if !Self::compressed(path) => DataFormat::Parquet,
             Some("txt") => DataFormat::Txt,
             _ => {
                 return Err(Error::Config(format!(
-                    "{}: expected a .jsonl, .parquet or .txt file",
+                    "{}: expected a .jsonl, .jsonl.zst, .parquet, .txt or .txt.zst file",
                     path.display()
                 )))
             }
         })
+    }
+
+    /// Whether `path` is zstd-compressed (by its `.zst` extension).
+    pub fn compressed(path: &Path) -> bool {
+        path.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("zst"))
     }
 }
 
@@ -751,7 +871,12 @@ path = "data/train.jsonl"
             teachers[0].projection,
             Path::new("runs/a/projections/qwen3.W.safetensors")
         );
-        assert_eq!(config.cache_path(), Path::new("runs/a/data/train.xtc"));
+        assert_eq!(config.cache_path(), None, "the data is streamed");
+        let cached = RunConfig::parse(&MINIMAL.replace("[data]", "[data]\ncache = true")).unwrap();
+        assert_eq!(
+            cached.cache_path().as_deref(),
+            Some(Path::new("runs/a/data/train.xtc"))
+        );
         assert_eq!(config.grad_accum(1).unwrap(), 768);
         assert_eq!(config.grad_accum(8).unwrap(), 96);
     }

@@ -1,6 +1,6 @@
 //! What a run reads before its first step: the models' configurations, the tokenizers (sized
-//! like the models' embedding tables), the aligners, the alignment cache of the data, and each
-//! teacher's projection matrix W (built and stored on first use).
+//! like the models' embedding tables), the aligners, the data's shards (or its alignment cache,
+//! when configured), and each teacher's projection matrix W (built and stored on first use).
 
 use std::sync::Arc;
 
@@ -11,10 +11,10 @@ use xtoken_core::vocab::Vocabulary;
 use xtoken_models::HfConfig;
 
 use crate::config::{RunConfig, TeacherSettings};
-use crate::data::{open_or_build_cache, Pipeline};
+use crate::data::{open_or_build_cache, sources, Pipeline, Source};
 use crate::error::{Context, Error, Result};
 
-/// The tokenizers, model configurations and alignment cache of a run.
+/// The tokenizers, model configurations and training data of a run.
 pub struct RunInputs {
     /// The student's `config.json`.
     pub student_config: HfConfig,
@@ -23,14 +23,17 @@ pub struct RunInputs {
     /// Each teacher's `config.json`.
     pub teacher_configs: Vec<HfConfig>,
     /// The tokenizers and one aligner per teacher.
-    pub pipeline: Pipeline,
-    /// The aligned training data.
-    pub cache: Arc<AlignCache>,
+    pub pipeline: Arc<Pipeline>,
+    /// The training data's sources, every shard found.
+    pub sources: Vec<Source>,
+    /// The aligned training data, when `data.cache` asks for a cache.
+    pub cache: Option<Arc<AlignCache>>,
 }
 
 impl RunInputs {
-    /// Loads the tokenizers (sized like the models' embedding tables) and opens the alignment
-    /// cache, building it first when absent; `progress` draws its progress bar.
+    /// Loads the tokenizers (sized like the models' embedding tables) and finds the data's
+    /// shards; with `data.cache`, opens the alignment cache, building it first when absent
+    /// (`progress` draws its progress bar).
     pub fn load(config: &RunConfig, progress: bool) -> Result<Self> {
         let student_config = HfConfig::read(&config.student.model)?;
         let limit = student_config.architecture.max_position_embeddings;
@@ -65,19 +68,24 @@ impl RunInputs {
             teachers: teacher_vocabs,
             aligners,
         };
-        let cache = Arc::new(open_or_build_cache(config, &pipeline, progress)?);
+        let sources = sources::sources(&config.data)?;
+        let cache = match config.cache_path() {
+            Some(_) => Some(Arc::new(open_or_build_cache(config, &pipeline, progress)?)),
+            None => None,
+        };
         Ok(Self {
             student_config,
             settings,
             teacher_configs,
-            pipeline,
+            pipeline: Arc::new(pipeline),
+            sources,
             cache,
         })
     }
 }
 
-/// Builds what the workers of a run share on disk (the alignment cache and every W) once,
-/// before they start.
+/// Builds what the workers of a run share on disk (every W, and the alignment cache when one is
+/// configured) once, before they start.
 pub fn prepare_shared_files(config: &RunConfig) -> Result<()> {
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let inputs = RunInputs::load(config, progress)?;

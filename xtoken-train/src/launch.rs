@@ -200,7 +200,8 @@ fn across_processes<B: TrainBackend>(
 fn plan_hash(config: &RunConfig, options: &RunOptions, kind: DeviceKind) -> Result<u64> {
     let mut hash = xxhash_rust::xxh3::Xxh3::new();
     hash.write(resolved_text(config)?.as_bytes());
-    hash.write(format!("{:?} {:?} {kind:?}", options.resume, options.stop_after).as_bytes());
+    let o = options;
+    hash.write(format!("{:?} {:?} {:?} {kind:?}", o.resume, o.stop_after, o.extend).as_bytes());
     Ok(hash.finish())
 }
 

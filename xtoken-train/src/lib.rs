@@ -68,6 +68,7 @@ pub mod metrics;
 pub mod optim;
 pub mod parallel;
 pub mod paths;
+pub mod resume;
 pub mod rng;
 pub mod run;
 pub mod schedule;

@@ -21,13 +21,14 @@ use xtoken_models::{LoadOptions, SaveDtype, Transformer};
 use crate::backend::TrainBackend;
 use crate::checkpoint::{self, CheckpointState};
 use crate::config::{DtypeChoice, RunConfig};
-use crate::data::{BatchShape, Loader, LoaderState, Packer};
+use crate::data::{AlignedStream, BatchShape, DocumentStream, Feed, Loader, LoaderState, Packer};
 use crate::error::{Context, Error, Result};
 use crate::inputs::RunInputs;
 use crate::metrics::{MetricsLog, StepMetrics};
 use crate::optim::Trainable;
 use crate::parallel::{fingerprint, Worker};
-use crate::schedule::learning_rate;
+use crate::resume::Extension;
+use crate::schedule::{anchored_rate, DecayAnchor};
 use crate::step::{step, LossSetup, StepRates};
 use crate::teachers::{dtype_of, Teacher};
 
@@ -38,6 +39,8 @@ pub struct RunOptions {
     pub resume: bool,
     /// Stop (with a checkpoint) after this step instead of `training.steps`.
     pub stop_after: Option<u64>,
+    /// On `resume`: `training.steps` changed, and the schedule continues this way.
+    pub extend: Option<Extension>,
 }
 
 /// What a finished run reports.
@@ -69,6 +72,9 @@ pub struct Run<B: TrainBackend> {
     clock: (Instant, f64),
     /// The step this process stops after.
     last: u64,
+    /// The configuration run.toml takes with the next checkpoint (a resumed run that changed
+    /// some of it), so that it never runs ahead of the checkpoint that goes with it.
+    pending_run_toml: Option<String>,
 }
 
 impl<B: TrainBackend> Run<B> {
@@ -87,14 +93,14 @@ impl<B: TrainBackend> Run<B> {
                     .into(),
             ));
         }
-        open_directory(&config, options.resume, lead)?;
+        let changed = open_directory(&config, options, lead)?;
         let progress = Progress::new(lead, &config);
         let inputs = RunInputs::load(&config, progress.visible)?;
         let mut teachers = (0..inputs.settings.len())
             .map(|m| Teacher::<B>::load(&config, &inputs, m, &device, lead))
             .collect::<Result<Vec<_>>>()?;
         let mut trainable = load_student(&config, &teachers, &device, lead)?;
-        let state = restore(
+        let mut state = restore(
             &config,
             options.resume,
             &mut trainable,
@@ -102,6 +108,16 @@ impl<B: TrainBackend> Run<B> {
             &device,
             lead,
         )?;
+        let pending_run_toml = match changed {
+            Some((started, extended)) => Some(extend(
+                &config,
+                &started,
+                &mut state,
+                extended,
+                options.extend,
+            )?),
+            None => None,
+        };
         if let Some(stop) = options.stop_after.filter(|&stop| stop <= state.step) {
             return Err(Error::Config(format!(
                 "--stop-after {stop}: the run resumed at step {}, with nothing left to train before \
@@ -114,7 +130,7 @@ impl<B: TrainBackend> Run<B> {
             .then(|| MetricsLog::open(&config.output_dir.join("metrics.csv"), &names, state.step))
             .transpose()?;
         let accum = config.grad_accum(worker.count)?;
-        let loader = start_loader(&config, &inputs, &worker, state.loader)?;
+        let loader = start_loader(&config, &inputs, &worker, state.loader.clone())?;
         let t = &config.training;
         let last = options.stop_after.unwrap_or(t.steps).min(t.steps);
         progress.start(&config, &state, last, (accum, worker.count));
@@ -130,8 +146,20 @@ impl<B: TrainBackend> Run<B> {
             clock: (Instant::now(), state.seconds),
             state,
             last,
+            pending_run_toml,
             config,
         })
+    }
+
+    /// The learning rate of the step after `step`.
+    fn rate_after(&self, step: u64) -> f64 {
+        let t = &self.config.training;
+        anchored_rate(
+            step,
+            t.steps,
+            (t.lr, t.warmup, t.min_lr),
+            self.state.decay_from,
+        )
     }
 
     /// Whether the run has reached the step it stops after.
@@ -154,8 +182,8 @@ impl<B: TrainBackend> Run<B> {
         let started = Instant::now();
         let n = self.state.step + 1;
         let batch = self.loader.next_step()?;
+        let lr = self.rate_after(self.state.step);
         let t = &self.config.training;
-        let lr = learning_rate(self.state.step, t.steps, t.lr, t.warmup, t.min_lr);
         let rates = StepRates {
             lr,
             grad_clip: t.grad_clip,
@@ -221,6 +249,9 @@ impl<B: TrainBackend> Run<B> {
             &self.teachers,
             self.config.checkpoint.keep,
         )?;
+        if let Some(text) = self.pending_run_toml.take() {
+            write_atomically(&out.join("run.toml"), &text)?;
+        }
         if let Some(metrics) = &self.metrics {
             let title = format!("xtoken train · {}", out.display());
             metrics.write_svg(&out.join("loss.svg"), &title)?;
@@ -286,35 +317,101 @@ pub(crate) fn resolved_text(config: &RunConfig) -> Result<String> {
     toml::to_string(&c).map_err(|e| Error::Config(format!("writing run.toml: {e}")))
 }
 
-/// Creates the run directory, or checks that a resumed run keeps its configuration; a fresh
-/// run refuses a directory that holds checkpoints.
-fn open_directory(config: &RunConfig, resume: bool, lead: bool) -> Result<()> {
+/// Creates the run directory, or checks what a resumed run changes of its configuration
+/// ([`crate::resume::check`]); a fresh run refuses a directory that holds checkpoints. Returns,
+/// for a resumed run whose configuration differs from run.toml's, the configuration it was
+/// started with and whether its steps changed.
+fn open_directory(
+    config: &RunConfig,
+    options: &RunOptions,
+    lead: bool,
+) -> Result<Option<(RunConfig, bool)>> {
     let out = &config.output_dir;
     std::fs::create_dir_all(out).with_context(|| format!("{}", out.display()))?;
     let run_toml = out.join("run.toml");
     let text = resolved_text(config)?;
-    if resume {
+    if options.resume {
         let saved = std::fs::read_to_string(&run_toml).with_context(|| {
             format!(
                 "{}: --resume needs the run directory of an earlier run",
                 run_toml.display()
             )
         })?;
-        if saved != text {
-            return Err(Error::Run(format!(
-                "{}: this run was started with another configuration; resume with the same settings",
-                run_toml.display()
-            )));
+        if saved == text && options.extend.is_none() {
+            return Ok(None);
         }
-    } else if checkpoint::any(&out.join("checkpoints"))? {
+        // As resolved_text wrote it (the device blanked), so read without validation.
+        let started: RunConfig = toml::from_str(&saved)
+            .map_err(|e| Error::Config(format!("{}: {e}", run_toml.display())))?;
+        let extended = crate::resume::check(&started, config, options.extend)
+            .with_context(|| format!("--resume ({})", run_toml.display()))?;
+        return Ok(Some((started, extended)));
+    }
+    if options.extend.is_some() {
+        return Err(Error::Config("--extend-steps: only with --resume".into()));
+    }
+    if checkpoint::any(&out.join("checkpoints"))? {
         return Err(Error::Run(format!(
             "{} already holds checkpoints: pass --resume to continue that run, or choose another output_dir",
             out.display()
         )));
-    } else if lead {
+    }
+    if lead {
         std::fs::write(&run_toml, &text).with_context(|| format!("{}", run_toml.display()))?;
     }
-    Ok(())
+    Ok(None)
+}
+
+/// A resumed run's changed configuration: with extended steps, where the schedule goes on
+/// (`decay` anchors a new decay at the rate reached under the run's old steps). Returns the
+/// run.toml to write with the next checkpoint.
+fn extend(
+    config: &RunConfig,
+    started: &RunConfig,
+    state: &mut CheckpointState,
+    extended: bool,
+    how: Option<Extension>,
+) -> Result<String> {
+    if extended {
+        let t = &config.training;
+        if t.steps <= state.step {
+            return Err(Error::Config(format!(
+                "training.steps = {}: the run resumes after step {}; give more steps",
+                t.steps, state.step
+            )));
+        }
+        if how == Some(Extension::Decay) {
+            let s = &started.training;
+            let lr = anchored_rate(
+                state.step,
+                s.steps,
+                (s.lr, s.warmup, s.min_lr),
+                state.decay_from,
+            );
+            state.decay_from = Some(DecayAnchor {
+                step: state.step,
+                lr,
+            });
+        }
+        eprintln!(
+            "training.steps extended to {} ({}), from step {}",
+            t.steps,
+            match how {
+                Some(Extension::Decay) => "the rate decays from where it stands",
+                _ => "the schedule stretched over the new total",
+            },
+            state.step
+        );
+    }
+    resolved_text(config)
+}
+
+/// Writes `text` to `path` through a temporary file renamed into place.
+fn write_atomically(path: &Path, text: &str) -> Result<()> {
+    let partial = path.with_extension(format!("{}.partial", std::process::id()));
+    std::fs::write(&partial, text)
+        .and_then(|()| std::fs::rename(&partial, path))
+        .with_context(|| format!("{}", path.display()))
 }
 
 /// The student in its configured dtype, with fresh optimizers for it and each learnable W.
@@ -357,6 +454,7 @@ fn restore<B: TrainBackend>(
         tokens: 0,
         seconds: 0.0,
         teachers: teachers.iter().map(|t| t.settings.name.clone()).collect(),
+        decay_from: None,
     };
     if !resume {
         return Ok(fresh);
@@ -379,7 +477,8 @@ fn restore<B: TrainBackend>(
 }
 
 /// The background loader, positioned at `state`, taking this worker's rows of each batch (the
-/// batch shape already checked by `RunConfig::grad_accum`).
+/// batch shape already checked by `RunConfig::grad_accum`); its documents come from the cache,
+/// or else from a stream standing where `state` says.
 fn start_loader(
     config: &RunConfig,
     inputs: &RunInputs,
@@ -387,7 +486,27 @@ fn start_loader(
     state: LoaderState,
 ) -> Result<Loader> {
     let t = &config.training;
-    let packer = Packer::new(inputs.cache.clone(), config.seed, t.context_length, state)?;
+    let feed = match &inputs.cache {
+        Some(cache) => Feed::Cache(cache.clone()),
+        None => {
+            let d = &config.data;
+            let stream = DocumentStream::open(
+                inputs.sources.clone(),
+                config.seed,
+                &d.text_field,
+                state.stream.as_ref(),
+            )?;
+            let threads = config.data_threads();
+            Feed::Stream(AlignedStream::start(
+                inputs.pipeline.clone(),
+                stream,
+                threads,
+                d.prefetch,
+            )?)
+        }
+    };
+    let teachers = inputs.settings.len();
+    let packer = Packer::new(feed, teachers, config.seed, t.context_length, state)?;
     let shape = BatchShape {
         global: t.batch_size,
         micro: t.micro_batch,

@@ -12,9 +12,61 @@ pub fn learning_rate(step: u64, total: u64, lr: f64, warmup: f64, min_lr: f64) -
     min_lr + (lr - min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
 }
 
+/// Where a run extended with [`Extension::Decay`](crate::resume::Extension) starts its new
+/// decay: the step it resumed at and the rate it had reached.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DecayAnchor {
+    /// Steps completed when the run was extended.
+    pub step: u64,
+    /// The learning rate of that step.
+    pub lr: f64,
+}
+
+/// Learning rate of step `step` of `total` when a decay starts at `anchor`: the paper's
+/// schedule before it, then a half cosine from `anchor.lr` to `min_lr` at `total`.
+pub fn anchored_rate(
+    step: u64,
+    total: u64,
+    (lr, warmup, min_lr): (f64, f64, f64),
+    anchor: Option<DecayAnchor>,
+) -> f64 {
+    match anchor {
+        Some(a) if step >= a.step => {
+            let span = total.saturating_sub(a.step).max(1) as f64;
+            let progress = ((step - a.step) as f64 / span).min(1.0);
+            min_lr + (a.lr - min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+        }
+        _ => learning_rate(step, total, lr, warmup, min_lr),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::learning_rate;
+    use super::{anchored_rate, learning_rate, DecayAnchor};
+
+    #[test]
+    fn an_anchored_decay_starts_where_the_rate_stood_and_ends_at_the_floor() {
+        let rates = (1.0, 0.1, 0.01);
+        let before = learning_rate(60, 100, 1.0, 0.1, 0.01);
+        let anchor = DecayAnchor {
+            step: 60,
+            lr: before,
+        };
+        assert_eq!(
+            anchored_rate(30, 200, rates, Some(anchor)),
+            learning_rate(30, 200, 1.0, 0.1, 0.01)
+        );
+        assert!((anchored_rate(60, 200, rates, Some(anchor)) - before).abs() < 1e-12);
+        assert!(
+            (anchored_rate(130, 200, rates, Some(anchor)) - (0.01 + (before - 0.01) * 0.5)).abs()
+                < 1e-12
+        );
+        assert!((anchored_rate(200, 200, rates, Some(anchor)) - 0.01).abs() < 1e-12);
+        assert_eq!(
+            anchored_rate(7, 100, rates, None),
+            learning_rate(7, 100, 1.0, 0.1, 0.01)
+        );
+    }
 
     #[test]
     fn warmup_then_cosine_to_zero() {

@@ -80,7 +80,6 @@ fn trains_two_teachers_resumes_exactly_and_saves_the_student() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--resume"));
 }
 
-/// A snappy-compressed parquet file with an id column and the texts in `text`.
 /// Flips one bit in the middle of `path`.
 fn flip_a_bit(path: &std::path::Path) {
     let mut bytes = std::fs::read(path).unwrap();
@@ -130,40 +129,6 @@ fn a_damaged_checkpoint_is_never_loaded() {
             && err.contains("step-00000006: optim-decay.bin does not match"),
         "{err}"
     );
-}
-
-fn write_parquet(path: &std::path::Path, texts: &[String]) {
-    use parquet::basic::Compression;
-    use parquet::data_type::{ByteArray, ByteArrayType, Int32Type};
-    use parquet::file::properties::WriterProperties;
-    use parquet::file::writer::SerializedFileWriter;
-    use std::sync::Arc;
-    let schema = parquet::schema::parser::parse_message_type(
-        "message docs { required int32 id; required binary text (UTF8); }",
-    )
-    .unwrap();
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .build();
-    let file = std::fs::File::create(path).unwrap();
-    let mut writer = SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props)).unwrap();
-    let mut group = writer.next_row_group().unwrap();
-    let ids: Vec<i32> = (0..texts.len() as i32).collect();
-    let mut column = group.next_column().unwrap().unwrap();
-    column
-        .typed::<Int32Type>()
-        .write_batch(&ids, None, None)
-        .unwrap();
-    column.close().unwrap();
-    let values: Vec<ByteArray> = texts.iter().map(|t| ByteArray::from(t.as_str())).collect();
-    let mut column = group.next_column().unwrap().unwrap();
-    column
-        .typed::<ByteArrayType>()
-        .write_batch(&values, None, None)
-        .unwrap();
-    column.close().unwrap();
-    group.close().unwrap();
-    writer.close().unwrap();
 }
 
 #[test]

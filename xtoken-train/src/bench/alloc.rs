@@ -1,18 +1,35 @@
 //! A counting global allocator, so `xtoken bench loss` can report the peak heap of one
-//! evaluation. The cost is two relaxed atomic updates per allocation.
+//! evaluation. It counts only once a benchmark calls [`enable`]: the counters are shared by
+//! every thread, and their cache line bouncing between cores halved the throughput of the
+//! alignment threads when every command counted.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
-/// The system allocator, counting live bytes and their high-water mark.
+/// The system allocator, counting live bytes and their high-water mark once enabled.
 pub struct Counting;
 
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
+static COUNTING: AtomicBool = AtomicBool::new(false);
+/// Net bytes allocated since counting began (negative after freeing older blocks).
+static CURRENT: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+
+/// Starts counting, for the rest of the process.
+pub fn enable() {
+    COUNTING.store(true, Ordering::Relaxed);
+}
 
 fn grew(bytes: usize) {
-    let now = CURRENT.fetch_add(bytes, Ordering::Relaxed) + bytes;
-    PEAK.fetch_max(now, Ordering::Relaxed);
+    if COUNTING.load(Ordering::Relaxed) {
+        let now = CURRENT.fetch_add(bytes as isize, Ordering::Relaxed) + bytes as isize;
+        PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+fn shrank(bytes: usize) {
+    if COUNTING.load(Ordering::Relaxed) {
+        CURRENT.fetch_sub(bytes as isize, Ordering::Relaxed);
+    }
 }
 
 // SAFETY: every call is forwarded unchanged to `System`; only counters are updated around it.
@@ -35,7 +52,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         unsafe { System.dealloc(ptr, layout) };
-        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+        shrank(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -44,15 +61,15 @@ unsafe impl GlobalAlloc for Counting {
             if new_size >= layout.size() {
                 grew(new_size - layout.size());
             } else {
-                CURRENT.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+                shrank(layout.size() - new_size);
             }
         }
         out
     }
 }
 
-/// Bytes allocated now.
-pub fn current() -> usize {
+/// Net bytes allocated since counting began; differences of two readings are what counts.
+pub fn current() -> isize {
     CURRENT.load(Ordering::Relaxed)
 }
 
@@ -62,6 +79,11 @@ pub fn reset_peak() {
 }
 
 /// The high-water mark since the last [`reset_peak`].
-pub fn peak() -> usize {
+pub fn peak() -> isize {
     PEAK.load(Ordering::Relaxed)
+}
+
+/// Bytes the heap grew by at its highest since [`reset_peak`] was called at `base`.
+pub fn peak_above(base: isize) -> usize {
+    (peak() - base).max(0) as usize
 }

@@ -88,6 +88,7 @@ struct Row {
 }
 
 pub fn run(args: ForwardBenchArgs) -> Result<()> {
+    alloc::enable();
     if args.batch == 0 || args.len < 2 || args.steps == 0 {
         bail!("--batch and --steps must be positive and --len at least 2");
     }
@@ -205,7 +206,7 @@ fn measure<B: DeviceMemory>(
     let seconds = start.elapsed().as_secs_f64() / steps as f64;
     let peak = match B::reserved_bytes(device) {
         Some(reserved) => reserved as usize,
-        None => alloc::peak().saturating_sub(base),
+        None => alloc::peak_above(base),
     };
     eprintln!("{pass}: {seconds:.2} s/step");
     Ok(Row {

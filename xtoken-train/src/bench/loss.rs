@@ -274,7 +274,7 @@ fn measure(repeats: usize, f: impl Fn() -> Result<(f64, Grad)>) -> Result<Run> {
         let start = Instant::now();
         let (value, grad) = f()?;
         let seconds = start.elapsed().as_secs_f64();
-        let peak_bytes = alloc::peak().saturating_sub(base);
+        let peak_bytes = alloc::peak_above(base);
         let run = Run {
             seconds,
             peak_bytes,
@@ -294,6 +294,7 @@ fn mib(bytes: usize) -> f64 {
 
 /// Runs the benchmark and prints the Markdown table.
 pub fn run(args: LossBenchArgs) -> Result<()> {
+    alloc::enable();
     eprintln!(
         "building inputs: {} rows, V_S = {}, V_T = {}, K = {}",
         args.rows, args.student_vocab, args.teacher_vocab, args.top_k

@@ -4,6 +4,8 @@
 
 pub mod align;
 pub mod alloc;
+mod corpora;
+pub mod data;
 #[cfg(feature = "collective")]
 pub mod exchange;
 pub mod forward;
@@ -22,6 +24,9 @@ pub enum BenchCommand {
     Projection(projection::ProjectionBenchArgs),
     /// Alignment speed per kind of text: the DP alone, and `xtoken align` end to end.
     Align(align::AlignBenchArgs),
+    /// The streaming loader on a generated corpus: time to the first batch, and student
+    /// tokens/s delivered with every teacher against reading alone and the trainer's need.
+    Data(data::DataBenchArgs),
     /// Forward + backward time and peak memory of P-KL and H-KL on CPU (ndarray): the fused,
     /// row-chunked losses against a naive composition of burn tensor ops.
     Loss(loss::LossBenchArgs),
@@ -46,6 +51,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Projection(args) => projection::run(args),
         BenchCommand::Align(args) => align::run(args),
+        BenchCommand::Data(args) => data::run(args),
         BenchCommand::Loss(args) => loss::run(args),
         BenchCommand::Forward(args) => forward::run(args),
         BenchCommand::Kernels(args) => kernels::run(args),

@@ -184,6 +184,7 @@ fn model_dir(
 
 /// Runs the benchmark and prints a Markdown table.
 pub fn run(args: TrainBenchArgs) -> Result<()> {
+    alloc::enable();
     let work = args.work_dir_or_temp();
     std::fs::create_dir_all(&work)?;
     let (student, teacher) = (work.join("student"), work.join("teacher"));
@@ -354,7 +355,7 @@ impl OnBackend for Steps {
         }
         timed.peak_bytes = match B::reserved_bytes(&device) {
             Some(bytes) => bytes,
-            None => alloc::peak().saturating_sub(heap_base) as u64,
+            None => alloc::peak_above(heap_base) as u64,
         };
         Ok(timed)
     }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use xtoken_train::launch::{train_on, Devices};
+use xtoken_train::resume::Extension;
 use xtoken_train::{RunConfig, RunOptions};
 
 /// Options of `xtoken train`.
@@ -23,6 +24,10 @@ pub struct TrainArgs {
     /// Stop (with a checkpoint) after this step instead of `training.steps`.
     #[arg(long)]
     pub stop_after: Option<u64>,
+    /// With --resume, accept a raised `training.steps`: `decay` (the rate reached decays to
+    /// min_lr at the new end) or `stretch` (the schedule recomputed over the new total).
+    #[arg(long, value_name = "MODE")]
+    pub extend_steps: Option<Extension>,
     /// Devices of this machine to train on, one worker each (`0,1,2,3`); more than one needs
     /// the `collective` feature.
     #[arg(long, value_delimiter = ',')]
@@ -37,6 +42,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let options = RunOptions {
         resume: args.resume,
         stop_after: args.stop_after,
+        extend: args.extend_steps,
     };
     train_on(config, &options, &devices)?;
     Ok(())

@@ -55,7 +55,7 @@ impl Loader {
                         .collect::<Result<Vec<_>>>()?;
                     Ok(StepBatch {
                         micro,
-                        state_after: packer.state(),
+                        state_after: packer.state()?,
                     })
                 })();
                 let failed = step.is_err();

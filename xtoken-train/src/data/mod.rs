@@ -1,13 +1,17 @@
 //! The training data, from text files to the micro-batches of one optimizer step:
 //!
-//! 1. [`reader`]: documents read from `.jsonl`, `.parquet` or `.txt`;
-//! 2. [`pipeline`]: each document tokenized by the student and every teacher and aligned (the
-//!    paper's DP), on worker threads, once, into the alignment cache that later runs and
-//!    resumes reuse ([`open_or_build_cache`]);
-//! 3. [`packer`]: documents packed into rows of `context_length` student tokens in a seeded
-//!    order;
-//! 4. [`batch`]: rows laid out as a [`MicroBatch`] with one [`BatchPlan`] per teacher;
-//! 5. [`loader`]: whole steps assembled on a background thread ahead of the training loop.
+//! 1. [`sources`]: `data.path`'s files, directories and globs expanded into shards, grouped
+//!    into the sources of a mixture;
+//! 2. [`reader`]: documents read from `.jsonl`, `.parquet` or `.txt` (the text formats also
+//!    `.zst`);
+//! 3. [`pipeline`]: each document tokenized by the student and every teacher and aligned (the
+//!    paper's DP) on worker threads;
+//! 4. [`stream`]: by default the documents are streamed, read in a seeded order and aligned
+//!    while training runs; [`open_or_build_cache`] instead makes (once) an alignment cache of a
+//!    single file that later runs reuse (`data.cache`, or `xtoken align`);
+//! 5. [`packer`]: documents packed into rows of `context_length` student tokens;
+//! 6. [`batch`]: rows laid out as a [`MicroBatch`] with one [`BatchPlan`] per teacher;
+//! 7. [`loader`]: whole steps assembled on a background thread ahead of the training loop.
 //!
 //! **Packing.** Documents follow each other in a row, as in Hugging Face's concatenate-and-chunk
 //! packing; a document that does not fit the rest of a row is cut, and its remainder starts the
@@ -15,11 +19,13 @@
 //! every chunk stays whole on both sides); only when a whole row has no such position is a cut
 //! forced at the row's end, dropping the chunks it splits.
 //!
-//! **Order and resumption.** Epoch `e` visits the documents in a Fisher–Yates shuffle seeded by
-//! `(seed, e)`. The loader's whole state is `(epoch, document, offset)`: a checkpoint stores the
-//! state after its last step, and a resumed run starts from it with the very same rows.
+//! **Order and resumption.** A cache's epoch `e` visits the documents in a Fisher–Yates shuffle
+//! seeded by `(seed, e)`; a stream's order is a function of the seed too (see [`stream`]). The
+//! loader's whole state is the document it stands at and how far into it
+//! ([`LoaderState`]): a checkpoint stores the state after its last step, and a resumed run
+//! starts from it with the very same rows.
 //!
-//! A training loop of your own can skip the cache: [`Pipeline::process`] aligns a text in
+//! A training loop of your own can skip all of it: [`Pipeline::process`] aligns a text in
 //! memory, and [`micro_batch`] lays such texts out for the models and the losses.
 //!
 //! [`BatchPlan`]: xtoken_core::plan::BatchPlan
@@ -29,14 +35,18 @@ pub mod loader;
 pub mod packer;
 pub mod pipeline;
 pub mod reader;
+pub mod sources;
+pub mod stream;
 #[cfg(test)]
 mod tests;
 
 pub use batch::{micro_batch, MicroBatch, StepBatch, TeacherBatch};
 pub use loader::{BatchShape, Loader};
-pub use packer::{LoaderState, Packer};
+pub use packer::{Feed, LoaderState, Packer};
 pub use pipeline::{
     align_file, load_tokenizers, open_or_build_cache, AlignedText, FileJob, FileStats, Pipeline,
     Tally,
 };
 pub use reader::{DocumentReader, RawDoc, TextExtractor};
+pub use sources::{Shard, Source};
+pub use stream::{AlignedStream, DocumentStream, StreamCursor};

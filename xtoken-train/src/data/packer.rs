@@ -1,5 +1,6 @@
-//! Packing: documents of the alignment cache concatenated into rows of at most `context`
-//! student tokens, in a seeded order per epoch, cut only where no teacher's chunk straddles.
+//! Packing: documents (of the alignment cache, or of the stream) concatenated into rows of at
+//! most `context` student tokens, in a seeded order, cut only where no teacher's chunk
+//! straddles.
 
 use std::sync::Arc;
 
@@ -7,19 +8,24 @@ use serde::{Deserialize, Serialize};
 use xtoken_core::align::{Alignment, Chunk, ChunkKind, Positions};
 use xtoken_core::cache::AlignCache;
 
+use super::stream::{AlignedStream, StreamCursor};
 use super::AlignedText;
 use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
 
-/// `position`-th document of epoch `epoch`'s order.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Where the packer stands: at a document (of the cache: the `position`-th of epoch `epoch`'s
+/// order; of a stream: the one `stream` points at), `offset` student tokens into it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderState {
-    /// Epochs completed.
+    /// Epochs completed (cache).
     pub epoch: u64,
-    /// The document's place in the epoch's order.
+    /// The document's place in the epoch's order (cache).
     pub position: u64,
     /// Student tokens of that document already packed.
     pub offset: u32,
+    /// The document's place in the stream (streamed data); `None` at its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamCursor>,
 }
 
 /// A document's ids and alignments, with the positions where it may be cut.
@@ -32,14 +38,26 @@ struct DocView {
 }
 
 impl DocView {
-    fn new(cache: &AlignCache, doc: usize) -> Result<Self> {
+    fn cached(cache: &AlignCache, doc: usize) -> Result<Self> {
         let cached = cache.doc(doc)?;
-        let student_ids = cached.student_ids.to_vec();
-        let teachers: Vec<(Vec<u32>, Vec<Chunk>)> = cached
+        let teachers = cached
             .teachers
             .iter()
             .map(|t| (t.ids.to_vec(), t.alignment().chunks))
             .collect();
+        Ok(Self::of(cached.student_ids.to_vec(), teachers))
+    }
+
+    fn aligned(doc: AlignedText) -> Self {
+        let teachers = doc
+            .teachers
+            .into_iter()
+            .map(|(ids, a)| (ids, a.chunks))
+            .collect();
+        Self::of(doc.student_ids, teachers)
+    }
+
+    fn of(student_ids: Vec<u32>, teachers: Vec<(Vec<u32>, Vec<Chunk>)>) -> Self {
         // Per teacher: student position → teacher position at every chunk boundary (a
         // teacher-only gap at a boundary stays with the chunks before it).
         let boundaries: Vec<std::collections::HashMap<u32, u32>> = teachers
@@ -79,11 +97,11 @@ impl DocView {
                 first.1.iter_mut().for_each(|q| *q = 0);
             }
         }
-        Ok(DocView {
+        DocView {
             student_ids,
             teachers,
             cuts,
-        })
+        }
     }
 
     fn len(&self) -> u32 {
@@ -154,35 +172,51 @@ pub(crate) fn epoch_order(docs: usize, seed: u64, epoch: u64) -> Vec<u32> {
     order
 }
 
+/// Where a packer's documents come from.
+pub enum Feed {
+    /// The alignment cache, in a seeded shuffle per epoch.
+    Cache(Arc<AlignCache>),
+    /// Documents aligned as they are read.
+    Stream(AlignedStream),
+}
+
+/// Streamed documents in a row with no student token after which the data is refused.
+const EMPTY_STREAMED: usize = 1 << 20;
+
 /// Packs documents into rows of at most `context` student tokens, deterministically.
 pub struct Packer {
-    cache: Arc<AlignCache>,
+    feed: Feed,
     seed: u64,
     context: u32,
     teachers: usize,
     state: LoaderState,
+    /// Epoch `state.epoch`'s order of the cache's documents.
     order: Vec<u32>,
-    current: Option<(u64, DocView)>,
+    current: Option<DocView>,
 }
 
 impl Packer {
-    /// A packer positioned at `state`.
+    /// A packer of `teachers` teachers' rows, positioned at `state` (a stream must already stand
+    /// at `state.stream`).
     pub fn new(
-        cache: Arc<AlignCache>,
+        feed: Feed,
+        teachers: usize,
         seed: u64,
         context: usize,
         state: LoaderState,
     ) -> Result<Self> {
-        if cache.is_empty() {
-            return Err(Error::Data(format!(
-                "the training data has no documents (the cache {} is empty)",
-                cache.metadata().source.display()
-            )));
-        }
-        let teachers = cache.metadata().teachers.len();
-        let order = epoch_order(cache.len(), seed, state.epoch);
+        let order = match &feed {
+            Feed::Cache(cache) if cache.is_empty() => {
+                return Err(Error::Data(format!(
+                    "the training data has no documents (the cache {} is empty)",
+                    cache.metadata().source.display()
+                )))
+            }
+            Feed::Cache(cache) => epoch_order(cache.len(), seed, state.epoch),
+            Feed::Stream(_) => Vec::new(),
+        };
         Ok(Packer {
-            cache,
+            feed,
             seed,
             context: context as u32,
             teachers,
@@ -193,27 +227,50 @@ impl Packer {
     }
 
     /// The state before the next row.
-    pub fn state(&self) -> LoaderState {
-        self.state
+    pub fn state(&mut self) -> Result<LoaderState> {
+        if matches!(self.feed, Feed::Stream(_)) {
+            // A stream's position is the next document's: fetch it.
+            self.view()?;
+        }
+        Ok(self.state.clone())
     }
 
     fn advance_document(&mut self) {
-        self.state.position += 1;
+        self.current = None;
         self.state.offset = 0;
-        if self.state.position as usize >= self.order.len() {
-            self.state.epoch += 1;
-            self.state.position = 0;
-            self.order = epoch_order(self.cache.len(), self.seed, self.state.epoch);
+        if let Feed::Cache(cache) = &self.feed {
+            self.state.position += 1;
+            if self.state.position as usize >= self.order.len() {
+                self.state.epoch += 1;
+                self.state.position = 0;
+                self.order = epoch_order(cache.len(), self.seed, self.state.epoch);
+            }
         }
     }
 
     fn view(&mut self) -> Result<&DocView> {
-        let key = self.state.epoch * self.order.len() as u64 + self.state.position;
-        if self.current.as_ref().map(|c| c.0) != Some(key) {
-            let doc = self.order[self.state.position as usize] as usize;
-            self.current = Some((key, DocView::new(&self.cache, doc)?));
+        if self.current.is_none() {
+            let view = match &mut self.feed {
+                Feed::Cache(cache) => {
+                    DocView::cached(cache, self.order[self.state.position as usize] as usize)?
+                }
+                Feed::Stream(stream) => {
+                    let (cursor, doc) = stream.next_doc()?;
+                    self.state.stream = Some(cursor);
+                    DocView::aligned(doc)
+                }
+            };
+            self.current = Some(view);
         }
-        Ok(&self.current.as_ref().expect("just set").1)
+        Ok(self.current.as_ref().expect("just set"))
+    }
+
+    /// Documents in a row that may hold no token before the data is refused as empty.
+    fn empty_limit(&self) -> usize {
+        match self.feed {
+            Feed::Cache(_) => self.order.len(),
+            Feed::Stream(_) => EMPTY_STREAMED,
+        }
     }
 
     /// The next row.
@@ -247,7 +304,7 @@ impl Packer {
             let len = view.len();
             if len <= offset {
                 empty_documents += 1;
-                if empty_documents > self.order.len() {
+                if empty_documents > self.empty_limit() {
                     return Err(Error::Data(
                         "every document of the training data is empty".into(),
                     ));

@@ -330,27 +330,30 @@ pub fn load_tokenizers(
 /// read).
 const SAMPLED_DOCUMENTS: usize = 64;
 
-/// The alignment cache of a run's training data: opened (and checked against the tokenizers,
-/// the source and the alignment settings) when it exists, else built by all cores (or
-/// `data.workers` threads) under a temporary name and renamed into place.
+/// The alignment cache of a run's training data (`data.cache`): opened (and checked against the
+/// tokenizers, the source and the alignment settings) when it exists, else built by all cores
+/// (or `data.workers` threads) under a temporary name and renamed into place.
 pub fn open_or_build_cache(
     config: &RunConfig,
     pipeline: &Pipeline,
     progress: bool,
 ) -> Result<AlignCache> {
-    let path = config.cache_path();
+    let path = config
+        .cache_path()
+        .ok_or_else(|| Error::Config("data.cache: not set".into()))?;
+    let input = config.data.path.entries()[0].clone();
     let teachers: Vec<&Vocabulary> = pipeline.teachers.iter().collect();
     if path.exists() {
         let cache = AlignCache::open_verified(&path, &pipeline.student, &teachers)
             .and_then(|cache| cache.verify_sample(SAMPLED_DOCUMENTS).map(|_| cache))
             .with_context(|| format!("{} (delete it to rebuild)", path.display()))?;
         let meta = cache.metadata();
-        if meta.source != config.data.path || meta.params != config.align_params() {
+        if meta.source != input || meta.params != config.align_params() {
             return Err(Error::Data(format!(
                 "{}: made from {} with other alignment settings or data than data.path = {}; delete it or set data.cache",
                 path.display(),
                 meta.source.display(),
-                config.data.path.display()
+                input.display()
             )));
         }
         return Ok(cache);
@@ -358,21 +361,17 @@ pub fn open_or_build_cache(
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("{}", parent.display()))?;
     }
-    let threads = if config.data.workers == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        config.data.workers
-    };
+    let threads = config.data_threads();
     eprintln!(
         "tokenizing and aligning {} with {threads} threads into {}",
-        config.data.path.display(),
+        input.display(),
         path.display()
     );
     // Written under a name of this process's own, then renamed: several processes may build the
     // same cache at once.
     let partial = path.with_extension(format!("{}.partial", std::process::id()));
     let job = FileJob {
-        input: &config.data.path,
+        input: &input,
         format: config.data_format()?,
         out: Some(&partial),
         text_field: &config.data.text_field,

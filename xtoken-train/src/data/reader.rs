@@ -1,5 +1,6 @@
 //! Reading documents from `.jsonl` (a text field per line), `.parquet` (a text column) and
-//! `.txt` (a document per line), in batches, with errors naming the file and line.
+//! `.txt` (a document per line), the text formats also zstd-compressed (`.jsonl.zst`,
+//! `.txt.zst`), one at a time or in batches, with errors naming the file and line.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -17,12 +18,24 @@ pub struct RawDoc {
     raw: String,
 }
 
+impl RawDoc {
+    /// Its size as read, in bytes.
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Whether it read as nothing (never, for a document a reader returns).
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+}
+
 /// Reads the documents of a `.jsonl`, `.txt` or `.parquet` file in batches.
 pub struct DocumentReader {
     path: PathBuf,
     format: DataFormat,
     field: String,
-    lines: Option<BufReader<File>>,
+    lines: Option<Box<dyn BufRead + Send>>,
     rows: Option<parquet::record::reader::RowIter<'static>>,
     line: usize,
     done: u64,
@@ -46,7 +59,15 @@ impl DocumentReader {
         match format {
             DataFormat::Jsonl | DataFormat::Txt => {
                 reader.total = file.metadata().map(|m| m.len()).unwrap_or(0);
-                reader.lines = Some(BufReader::with_capacity(1 << 20, file));
+                reader.lines = Some(if DataFormat::compressed(path) {
+                    // Progress then counts decompressed bytes against the compressed size.
+                    let decoder = zstd::stream::read::Decoder::new(file).with_context(|| {
+                        format!("{}: not a readable zstd stream", path.display())
+                    })?;
+                    Box::new(BufReader::with_capacity(1 << 20, decoder))
+                } else {
+                    Box::new(BufReader::with_capacity(1 << 20, file))
+                });
             }
             DataFormat::Parquet => {
                 use parquet::file::reader::{FileReader, SerializedFileReader};
@@ -100,66 +121,91 @@ impl DocumentReader {
         let mut batch = Vec::new();
         let mut bytes = 0usize;
         while bytes < max_bytes || batch.is_empty() {
-            if let Some(lines) = self.lines.as_mut() {
-                let mut line = String::new();
-                let n = lines.read_line(&mut line).with_context(|| {
-                    format!("{}:{}: cannot read", self.path.display(), self.line + 1)
-                })?;
-                if n == 0 {
-                    break;
-                }
-                self.line += 1;
-                self.done += n as u64;
-                bytes += n;
-                if !line.trim().is_empty() {
-                    batch.push(RawDoc {
-                        line: self.line,
-                        raw: line,
-                    });
-                }
-            } else if let Some(rows) = self.rows.as_mut() {
-                let Some(row) = rows.next() else { break };
-                self.line += 1;
-                self.done += 1;
-                let row = row.map_err(|e| {
-                    Error::Data(format!("{}: row {}: {e}", self.path.display(), self.line))
-                })?;
-                let text = row
-                    .get_column_iter()
-                    .find(|(name, _)| *name == &self.field)
-                    .map(|(_, value)| value.clone());
-                let text = match text {
-                    Some(parquet::record::Field::Str(s)) => s,
-                    Some(parquet::record::Field::Null) => String::new(),
-                    Some(other) => {
-                        return Err(Error::Data(format!(
-                            "{}: row {}: column `{}` is {other:?}, not a string",
-                            self.path.display(),
-                            self.line,
-                            self.field
-                        )))
-                    }
-                    None => {
-                        return Err(Error::Data(format!(
-                            "{}: row {}: no column `{}`",
-                            self.path.display(),
-                            self.line,
-                            self.field
-                        )))
-                    }
-                };
-                bytes += text.len();
-                if !text.trim().is_empty() {
-                    batch.push(RawDoc {
-                        line: self.line,
-                        raw: text,
-                    });
-                }
-            } else {
-                break;
-            }
+            let Some(doc) = self.next_doc()? else { break };
+            bytes += doc.raw.len();
+            batch.push(doc);
         }
         Ok(batch)
+    }
+
+    /// Reads past the next `n` documents (blank lines not counted); false when the file ended
+    /// first.
+    pub fn skip(&mut self, n: u64) -> Result<bool> {
+        for _ in 0..n {
+            if self.next_doc()?.is_none() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The next document that is not blank, or `None` at the end of the file.
+    pub fn next_doc(&mut self) -> Result<Option<RawDoc>> {
+        loop {
+            let raw = if self.lines.is_some() {
+                self.next_line()?
+            } else if self.rows.is_some() {
+                self.next_row()?
+            } else {
+                None
+            };
+            match raw {
+                None => return Ok(None),
+                Some(raw) if raw.trim().is_empty() => continue,
+                Some(raw) => {
+                    return Ok(Some(RawDoc {
+                        line: self.line,
+                        raw,
+                    }))
+                }
+            }
+        }
+    }
+
+    fn next_line(&mut self) -> Result<Option<String>> {
+        let Some(lines) = self.lines.as_mut() else {
+            return Ok(None);
+        };
+        let mut line = String::new();
+        let n = lines
+            .read_line(&mut line)
+            .with_context(|| format!("{}:{}: cannot read", self.path.display(), self.line + 1))?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.line += 1;
+        self.done += n as u64;
+        Ok(Some(line))
+    }
+
+    fn next_row(&mut self) -> Result<Option<String>> {
+        let Some(row) = self.rows.as_mut().and_then(|rows| rows.next()) else {
+            return Ok(None);
+        };
+        self.line += 1;
+        self.done += 1;
+        let row = row
+            .map_err(|e| Error::Data(format!("{}: row {}: {e}", self.path.display(), self.line)))?;
+        let text = row
+            .get_column_iter()
+            .find(|(name, _)| *name == &self.field)
+            .map(|(_, value)| value.clone());
+        match text {
+            Some(parquet::record::Field::Str(s)) => Ok(Some(s)),
+            Some(parquet::record::Field::Null) => Ok(Some(String::new())),
+            Some(other) => Err(Error::Data(format!(
+                "{}: row {}: column `{}` is {other:?}, not a string",
+                self.path.display(),
+                self.line,
+                self.field
+            ))),
+            None => Err(Error::Data(format!(
+                "{}: row {}: no column `{}`",
+                self.path.display(),
+                self.line,
+                self.field
+            ))),
+        }
     }
 
     /// What turns a read document into its text (shareable with worker threads).
@@ -181,9 +227,23 @@ pub struct TextExtractor {
 }
 
 impl TextExtractor {
+    /// An extractor of no file, until one is opened.
+    pub(crate) fn none() -> Self {
+        TextExtractor {
+            path: PathBuf::new(),
+            format: DataFormat::Txt,
+            field: String::new(),
+        }
+    }
+
+    /// `file:line` of a document, for messages.
+    pub fn place(&self, doc: &RawDoc) -> String {
+        format!("{}:{}", self.path.display(), doc.line)
+    }
+
     /// The text of a document, with errors naming the file and line.
     pub fn text(&self, doc: &RawDoc) -> Result<String> {
-        let where_ = || format!("{}:{}", self.path.display(), doc.line);
+        let where_ = || self.place(doc);
         match self.format {
             DataFormat::Txt => Ok(doc.raw.trim_end_matches(['\n', '\r']).to_string()),
             DataFormat::Parquet => Ok(doc.raw.clone()),

@@ -8,7 +8,7 @@ use xtoken_core::cache::{encode_record, AlignCache, CacheMetadata, CacheWriter, 
 use xtoken_core::plan::MergeVariant;
 
 use super::packer::epoch_order;
-use super::{micro_batch, AlignedText, LoaderState, Packer};
+use super::{micro_batch, AlignedText, Feed, LoaderState, Packer};
 
 /// The teacher spelling of a student id: odd ids split in two, as a digit-splitting
 /// teacher splits a packed numeral.
@@ -98,11 +98,12 @@ fn packing_keeps_every_token_and_chunk_and_resumes_exactly() {
     let (cache, docs) = cache(&dir, 30);
     let cache = Arc::new(cache);
     let context = 9;
-    let mut packer = Packer::new(cache.clone(), 5, context, LoaderState::default()).unwrap();
+    let feed = Feed::Cache(cache.clone());
+    let mut packer = Packer::new(feed, 1, 5, context, LoaderState::default()).unwrap();
     let mut rows = Vec::new();
     let mut states = Vec::new();
-    while packer.state().epoch == 0 {
-        states.push(packer.state());
+    while packer.state().unwrap().epoch == 0 {
+        states.push(packer.state().unwrap());
         rows.push(packer.next_row().unwrap());
     }
     // Epoch 0 is every document once, in the seeded order, cut into rows of ≤ context; the
@@ -137,8 +138,9 @@ fn packing_keeps_every_token_and_chunk_and_resumes_exactly() {
         }
     }
     // Starting from any saved state gives the same rows.
-    for (i, &state) in states.iter().enumerate().step_by(3) {
-        let mut resumed = Packer::new(cache.clone(), 5, context, state).unwrap();
+    for (i, state) in states.iter().enumerate().step_by(3) {
+        let feed = Feed::Cache(cache.clone());
+        let mut resumed = Packer::new(feed, 1, 5, context, state.clone()).unwrap();
         for row in &rows[i..(i + 3).min(rows.len())] {
             assert_eq!(resumed.next_row().unwrap().student_ids, row.student_ids);
         }
@@ -151,7 +153,8 @@ fn micro_batches_pad_and_plan_every_row() {
     let dir = std::env::temp_dir().join(format!("xtoken-micro-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (cache, _) = cache(&dir, 12);
-    let mut packer = Packer::new(Arc::new(cache), 1, 16, LoaderState::default()).unwrap();
+    let feed = Feed::Cache(Arc::new(cache));
+    let mut packer = Packer::new(feed, 1, 1, 16, LoaderState::default()).unwrap();
     let rows: Vec<AlignedText> = (0..3).map(|_| packer.next_row().unwrap()).collect();
     let batch = micro_batch(&rows, MergeVariant::FirstToken).unwrap();
     assert_eq!(batch.rows, 3);

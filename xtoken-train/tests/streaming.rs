@@ -1,0 +1,136 @@
+//! Streamed training data end to end: shards of three formats in a weighted mixture, a run
+//! killed and resumed bit for bit, and what a resumed run may change.
+
+mod fixture;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fixture::*;
+
+/// A directory `web/` with a `.jsonl.zst` and a `.parquet` shard, and `books.txt`.
+fn corpus(f: &Fixture) -> (PathBuf, PathBuf) {
+    let texts = problems(50);
+    let web = f.dir.0.join("web");
+    std::fs::create_dir_all(&web).unwrap();
+    let lines: Vec<String> = texts[..20]
+        .iter()
+        .map(|t| serde_json::json!({ "text": t }).to_string())
+        .collect();
+    let compressed = zstd::encode_all((lines.join("\n") + "\n").as_bytes(), 3).unwrap();
+    std::fs::write(web.join("a.jsonl.zst"), compressed).unwrap();
+    write_parquet(&web.join("b.parquet"), &texts[20..35]);
+    let books = f.dir.0.join("books.txt");
+    std::fs::write(&books, texts[35..].join("\n") + "\n").unwrap();
+    (web, books)
+}
+
+/// The fixture's run configuration over the mixture, with `edit` applied to its text.
+fn mixture_config(f: &Fixture, out: &str, edit: impl Fn(String) -> String) -> PathBuf {
+    let (web, books) = corpus(f);
+    let path = config(f, out, "");
+    let data = format!(
+        "path = [\"{}\", \"{}\"]\nweights = [2.0, 1.0]",
+        web.display(),
+        books.display()
+    );
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(&format!("path = \"{}\"", f.data.display()), &data);
+    std::fs::write(&path, edit(text)).unwrap();
+    path
+}
+
+fn metric_columns(run: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(run.join("metrics.csv"))
+        .unwrap()
+        .lines()
+        .map(|l| l.split(',').take(9).map(String::from).collect())
+        .collect()
+}
+
+#[test]
+fn a_mixture_of_three_formats_killed_and_resumed_ends_bit_identical() {
+    let f = fixture("stream-kill");
+    let longer = |t: String| t.replace("steps = 6", "steps = 16");
+    let straight = mixture_config(&f, "straight", longer);
+    ok(train(&straight, &[]));
+    let run = f.dir.0.join("straight");
+    assert!(!run.join("data").exists(), "streaming writes no cache");
+
+    // The same run, killed once its step-4 checkpoint is in place.
+    let killed = mixture_config(&f, "killed", longer);
+    let run2 = f.dir.0.join("killed");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xtoken"))
+        .args(["train", "--config", killed.to_str().unwrap()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !run2.join("checkpoints/step-00000004").exists() {
+        assert!(start.elapsed() < Duration::from_secs(300), "no checkpoint");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!run2.join("student").exists(), "killed before the end");
+    let log = ok(train(&killed, &["--resume"]));
+    assert!(log.contains("resuming from"), "{log}");
+    assert_eq!(metric_columns(&run2), metric_columns(&run));
+    assert_eq!(metric_columns(&run).len(), 17);
+    assert_eq!(
+        std::fs::read(run.join("student/model.safetensors")).unwrap(),
+        std::fs::read(run2.join("student/model.safetensors")).unwrap(),
+        "the resumed run must end with the very same weights"
+    );
+}
+
+#[test]
+fn a_resumed_run_may_change_logging_and_retention_and_extend_its_steps() {
+    let f = fixture("stream-extend");
+    let path = mixture_config(&f, "run", |t| t.replace("keep = 2", "keep = 3"));
+    ok(train(&path, &["--stop-after", "4"]));
+    let run = f.dir.0.join("run");
+    let lr_4 = metric_columns(&run)[4][1].parse::<f64>().unwrap();
+
+    // The math may not change; the error names the field.
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("top_k = 16", "top_k = 8")).unwrap();
+    let err = String::from_utf8_lossy(&train(&path, &["--resume"]).stderr).into_owned();
+    assert!(err.contains("loss.top_k changed"), "{err}");
+
+    // More steps need the flag that says how the schedule goes on.
+    let changed = text
+        .replace("keep = 3", "keep = 1")
+        .replace("steps = 6", "steps = 8\nlog_every = 1");
+    std::fs::write(&path, &changed).unwrap();
+    let err = String::from_utf8_lossy(&train(&path, &["--resume"]).stderr).into_owned();
+    assert!(
+        err.contains("training.steps = 8") && err.contains("--extend-steps"),
+        "{err}"
+    );
+    let log = ok(train(&path, &["--resume", "--extend-steps", "decay"]));
+    assert!(log.contains("training.steps extended to 8"), "{log}");
+    for step in 5..=8 {
+        assert!(
+            log.contains(&format!("step {step}/8 ")),
+            "log_every = 1:\n{log}"
+        );
+    }
+    let checkpoints: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(checkpoints, ["step-00000008"], "keep = 1");
+    let rows = metric_columns(&run);
+    assert_eq!(rows.len(), 9);
+    // The rate decays from where it stood after step 4 (its step-5 rate under 6 steps) to 0.
+    let lrs: Vec<f64> = rows[1..].iter().map(|r| r[1].parse().unwrap()).collect();
+    assert!(lrs[4] < lr_4 && lrs[4] > 0.0, "{lrs:?}");
+    assert!(lrs[4..].windows(2).all(|w| w[1] < w[0]), "{lrs:?}");
+    assert!(std::fs::read_to_string(run.join("run.toml"))
+        .unwrap()
+        .contains("steps = 8"));
+}
