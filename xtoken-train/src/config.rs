@@ -736,7 +736,7 @@ impl RunConfig {
     }
 
     /// `[data]`'s paths, weights and cache, as far as they can be checked without reading the
-    /// file system: every plain file entry has a known format, the weights match the entries,
+    /// file system: every entry named like a file has a known format, the weights match the entries,
     /// and a cache is made of one file.
     fn validate_data(&self) -> Result<()> {
         let d = &self.data;
@@ -749,9 +749,11 @@ impl RunConfig {
                 DataPaths::One(_) => "data.path".to_string(),
                 DataPaths::Many(_) => format!("data.path[{i}]"),
             };
+            // A name with an extension must be a data file's; one without may be a directory
+            // that does not exist yet (found when the run starts).
             let text = entry.to_string_lossy();
             let pattern = text.contains(['*', '?', '[']);
-            if !pattern && !entry.is_dir() {
+            if !pattern && entry.extension().is_some() && !entry.is_dir() {
                 DataFormat::of(entry).with_context(|| key.clone())?;
             }
         }
