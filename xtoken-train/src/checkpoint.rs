@@ -3,8 +3,11 @@
 //! A checkpoint is written to `step-N.tmp-PID/` and renamed into place, so a run killed while
 //! saving leaves only the temporary directory, which [`latest`] removes.
 //!
+//! With `checkpoint.hf`, the student is also written as a Hugging Face directory `hf/` inside
+//! the checkpoint (see [`crate::export`]).
+//!
 //! The last file written before the rename is `manifest.json`: every other file's size and
-//! xxh3-64 checksum. [`latest`] verifies it and never loads a checkpoint whose bytes differ
+//! xxh3-64 checksum (`hf/`'s files included). [`latest`] verifies it and never loads a checkpoint whose bytes differ
 //! (a flipped bit, a truncated or missing file, no manifest): it names the file at fault and
 //! falls back to the newest older checkpoint that is intact.
 
@@ -79,17 +82,26 @@ fn file_sum(path: &Path) -> Result<FileSum> {
     })
 }
 
-/// Every file of `dir` but the manifest, by name.
+/// Every file of `dir` but the manifest, by its path under `dir` (`hf/config.json`).
 fn files(dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
+    collect_files(dir, "", &mut names)?;
+    names.retain(|n| n != MANIFEST);
+    names.sort();
+    Ok(names)
+}
+
+fn collect_files(dir: &Path, prefix: &str, names: &mut Vec<String>) -> Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
-        if name != MANIFEST {
+        let entry = entry?;
+        let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
+        if entry.file_type()?.is_dir() {
+            collect_files(&entry.path(), &format!("{name}/"), names)?;
+        } else {
             names.push(name);
         }
     }
-    names.sort();
-    Ok(names)
+    Ok(())
 }
 
 /// Writes `dir`'s manifest: the size and checksum of every other file.
@@ -201,17 +213,20 @@ fn candidates(dir: &Path) -> Result<Vec<(PathBuf, CheckpointState)>> {
     Ok(found)
 }
 
-/// Saves a checkpoint of step `state.step` under `dir` and keeps only the newest `keep`.
+/// Saves a checkpoint of step `state.step` under `dir` and keeps only the newest `keep`;
+/// `extra` writes more files into the checkpoint's directory before its manifest (the `hf/`
+/// export).
 pub fn save<B: AutodiffBackend>(
     dir: &Path,
     state: &CheckpointState,
     trainable: &Trainable<B>,
     teachers: &[Teacher<B>],
     keep: usize,
+    extra: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<PathBuf> {
     let final_dir = dir.join(format!("step-{:08}", state.step));
     let tmp = dir.join(format!("step-{:08}.tmp-{}", state.step, std::process::id()));
-    let written = write_directory(&tmp, state, trainable, teachers).and_then(|()| {
+    let written = write_directory(&tmp, state, trainable, teachers, extra).and_then(|()| {
         if final_dir.exists() {
             std::fs::remove_dir_all(&final_dir).ok();
         }
@@ -233,9 +248,11 @@ fn write_directory<B: AutodiffBackend>(
     state: &CheckpointState,
     trainable: &Trainable<B>,
     teachers: &[Teacher<B>],
+    extra: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<()> {
     std::fs::create_dir_all(tmp).with_context(|| format!("{}", tmp.display()))?;
     write_records(tmp, trainable, teachers)?;
+    extra(tmp)?;
     std::fs::write(tmp.join("state.json"), serde_json::to_string_pretty(state)?)
         .with_context(|| format!("{}: writing state.json", tmp.display()))?;
     write_manifest(tmp)
@@ -285,6 +302,26 @@ fn prune(dir: &Path, keep: usize) -> Result<()> {
         std::fs::remove_dir_all(&old).ok();
     }
     Ok(())
+}
+
+/// The state of the checkpoint in `dir`, after checking every file against its manifest.
+pub fn verified(dir: &Path) -> Result<CheckpointState> {
+    verify(dir).map_err(|why| Error::Run(format!("checkpoint {}: {why}", dir.display())))?;
+    let path = dir.join("state.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}", path.display()))
+}
+
+/// Loads the student of the checkpoint in `dir` into `student` (of any backend).
+pub fn load_student<B: burn::tensor::backend::Backend>(
+    dir: &Path,
+    student: xtoken_models::Transformer<B>,
+    device: &B::Device,
+) -> Result<xtoken_models::Transformer<B>> {
+    let record = recorder()
+        .load(dir.join("student"), device)
+        .with_context(|| format!("{}: reading the student", dir.display()))?;
+    Ok(student.load_record(record))
 }
 
 /// Loads the checkpoint in `dir` into the student, its optimizers and each teacher's W.

@@ -255,6 +255,8 @@ pub struct CheckpointConfig {
     pub keep: usize,
     /// dtype of the final student directory: `bf16`, `f16` or `f32`.
     pub save_dtype: String,
+    /// Also write the student as a Hugging Face directory `hf/` into every checkpoint.
+    pub hf: bool,
 }
 
 mod defaults {
@@ -343,6 +345,7 @@ impl Default for CheckpointConfig {
             every: 1000,
             keep: 2,
             save_dtype: "bf16".into(),
+            hf: false,
         }
     }
 }
@@ -482,6 +485,22 @@ impl RunConfig {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read the run configuration", path.display()))?;
         Self::parse(&text).with_context(|| format!("{}", path.display()))
+    }
+
+    /// Reads a run directory's `run.toml`, written with the device left out (a run may resume
+    /// on another): it is read as `cpu`.
+    pub fn load_saved(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read the run configuration", path.display()))?;
+        let mut config: RunConfig =
+            toml::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        if config.device.is_empty() {
+            config.device = defaults::device();
+        }
+        config
+            .validate()
+            .with_context(|| format!("{}", path.display()))?;
+        Ok(config)
     }
 
     /// Parses and validates a configuration text; relative paths stay relative to the working

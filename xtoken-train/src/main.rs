@@ -23,6 +23,7 @@ fn main() -> ExitCode {
         Command::Cache(command) => cli::align::cache(command),
         Command::Logits(args) => cli::models::logits(args),
         Command::Convert(args) => cli::models::convert(args),
+        Command::Export(args) => cli::models::export(args),
         Command::Bench(command) => bench::run(command),
     };
     match result {

@@ -43,6 +43,7 @@ fn fixed_part(config: &RunConfig) -> RunConfig {
     c.training.steps = 1;
     c.checkpoint.every = 1;
     c.checkpoint.keep = 1;
+    c.checkpoint.hf = false;
     c.data.workers = 0;
     c.data.prefetch = 1;
     c
@@ -63,7 +64,7 @@ pub fn check(saved: &RunConfig, config: &RunConfig, extension: Option<Extension>
             "{} changed since the run started; it changes the math or the data order, so the run \
              cannot resume with it (restore it, or start a new run in another output_dir). A \
              resumed run may change training.log_every, checkpoint.every, checkpoint.keep, \
-             data.workers, data.prefetch and the device, and training.steps with --extend-steps",
+             checkpoint.hf, data.workers, data.prefetch and the device, and training.steps with --extend-steps",
             changed.join(", ")
         )));
     }

@@ -16,13 +16,14 @@ use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use indicatif::{ProgressBar, ProgressStyle};
-use xtoken_models::{LoadOptions, SaveDtype, Transformer};
+use xtoken_models::{LoadOptions, Transformer};
 
 use crate::backend::TrainBackend;
 use crate::checkpoint::{self, CheckpointState};
-use crate::config::{DtypeChoice, RunConfig};
+use crate::config::RunConfig;
 use crate::data::{AlignedStream, BatchShape, DocumentStream, Feed, Loader, LoaderState, Packer};
 use crate::error::{Context, Error, Result};
+use crate::export::{export_trained, write_student};
 use crate::inputs::RunInputs;
 use crate::metrics::{MetricsLog, StepMetrics};
 use crate::optim::Trainable;
@@ -242,12 +243,18 @@ impl<B: TrainBackend> Run<B> {
     /// redraws `loss.svg`.
     pub fn checkpoint(&mut self) -> Result<PathBuf> {
         let out = &self.config.output_dir;
+        let (config, student) = (&self.config, &self.trainable.student);
+        let hf = |dir: &Path| match config.checkpoint.hf {
+            true => write_student(config, &student.valid(), &dir.join("hf")),
+            false => Ok(()),
+        };
         let dir = checkpoint::save(
             &out.join("checkpoints"),
             &self.state,
             &self.trainable,
             &self.teachers,
             self.config.checkpoint.keep,
+            hf,
         )?;
         if let Some(text) = self.pending_run_toml.take() {
             write_atomically(&out.join("run.toml"), &text)?;
@@ -269,7 +276,8 @@ impl<B: TrainBackend> Run<B> {
         let state = &self.state;
         let complete = state.step == self.config.training.steps;
         if self.worker.leads() && complete {
-            let dir = export_student(&self.config, &self.trainable.student)?;
+            let out = self.config.output_dir.join("student");
+            let dir = export_trained(&self.config, &self.trainable.student, &out)?;
             eprintln!(
                 "done: {} steps, {} tokens in {:.1} s; student saved to {}",
                 state.step,
@@ -340,9 +348,7 @@ fn open_directory(
         if saved == text && options.extend.is_none() {
             return Ok(None);
         }
-        // As resolved_text wrote it (the device blanked), so read without validation.
-        let started: RunConfig = toml::from_str(&saved)
-            .map_err(|e| Error::Config(format!("{}: {e}", run_toml.display())))?;
+        let started = RunConfig::load_saved(&run_toml)?;
         let extended = crate::resume::check(&started, config, options.extend)
             .with_context(|| format!("--resume ({})", run_toml.display()))?;
         return Ok(Some((started, extended)));
@@ -514,60 +520,6 @@ fn start_loader(
         rank: worker.rank,
     };
     Loader::start(packer, shape, config.merge_variant()?, config.data.prefetch)
-}
-
-/// Saves the student with its tokenizer files into `output_dir/student` (written to
-/// `student.tmp` and renamed into place).
-fn export_student<B: TrainBackend>(
-    config: &RunConfig,
-    student: &Transformer<B>,
-) -> Result<PathBuf> {
-    let out = &config.output_dir;
-    let (final_dir, tmp) = (out.join("student"), out.join("student.tmp"));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).ok();
-    }
-    let saved = student
-        .valid()
-        .save(&tmp, save_dtype(config.save_dtype()?))
-        .context("saving the student")
-        .and_then(|()| copy_tokenizer(config, &tmp));
-    if saved.is_err() {
-        std::fs::remove_dir_all(&tmp).ok();
-    }
-    saved?;
-    if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir)?;
-    }
-    std::fs::rename(&tmp, &final_dir)?;
-    Ok(final_dir)
-}
-
-/// The tokenizer travels with the model: `tokenizer.json` and, when the student's directory has
-/// them, its tokenizer, generation and special-token configurations.
-fn copy_tokenizer(config: &RunConfig, dir: &Path) -> Result<()> {
-    let tokenizer = xtoken_core::vocab::resolve_tokenizer_json(&config.student_tokenizer())?;
-    std::fs::copy(&tokenizer, dir.join("tokenizer.json"))
-        .with_context(|| format!("copying {}", tokenizer.display()))?;
-    for extra in [
-        "tokenizer_config.json",
-        "generation_config.json",
-        "special_tokens_map.json",
-    ] {
-        let source = config.student.model.join(extra);
-        if source.exists() {
-            std::fs::copy(&source, dir.join(extra))?;
-        }
-    }
-    Ok(())
-}
-
-fn save_dtype(choice: DtypeChoice) -> SaveDtype {
-    match choice {
-        DtypeChoice::Bf16 | DtypeChoice::Auto => SaveDtype::BF16,
-        DtypeChoice::F16 => SaveDtype::F16,
-        DtypeChoice::F32 => SaveDtype::F32,
-    }
 }
 
 /// What a run shows while it goes: a progress bar on a terminal, else a line every

@@ -375,3 +375,88 @@ top_k = 64
         Transformer::<NdArray>::load(&f.dir.0.join("run/student"), &Default::default()).unwrap();
     assert_eq!(saved.architecture.vocab_size, 128_256);
 }
+
+/// `checkpoint.hf` writes the student as a Hugging Face directory into every checkpoint (under
+/// its manifest), and `xtoken export` writes any checkpoint's student afterwards.
+#[test]
+fn checkpoints_open_as_hugging_face_directories() {
+    use burn::tensor::{Int, Tensor};
+    use xtoken_models::CausalLm;
+    let f = fixture("export");
+    std::fs::write(
+        f.student.join("generation_config.json"),
+        "{\"do_sample\": false}",
+    )
+    .unwrap();
+    let path = config(&f, "run", "hf = true");
+    ok(train(&path, &[]));
+    let run = f.dir.0.join("run");
+    let step = |n: u64| run.join(format!("checkpoints/step-{n:08}"));
+    for n in [4, 6] {
+        for file in [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "generation_config.json",
+        ] {
+            assert!(step(n).join("hf").join(file).exists(), "step {n}: {file}");
+        }
+    }
+    let bytes = |p: std::path::PathBuf| std::fs::read(p).unwrap();
+    assert_eq!(
+        bytes(step(6).join("hf/model.safetensors")),
+        bytes(run.join("student/model.safetensors")),
+        "the last checkpoint's export is the final student"
+    );
+
+    let out = f.dir.0.join("exported-4");
+    let exported = xtoken(&[
+        "export",
+        "--checkpoint",
+        step(4).to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let log = ok(exported);
+    assert!(log.contains("step 4"), "{log}");
+    assert_eq!(
+        bytes(out.join("model.safetensors")),
+        bytes(step(4).join("hf/model.safetensors"))
+    );
+    assert!(out.join("generation_config.json").exists() && out.join("tokenizer.json").exists());
+    // It loads, and is the step-4 student: its logits differ from the final one's.
+    let device = Default::default();
+    let ids = Tensor::<NdArray, 2, Int>::from_ints([[1, 40, 41, 42, 7]], &device);
+    let logits = |dir: &std::path::Path| {
+        let model = Transformer::<NdArray>::load(dir, &device).unwrap();
+        let logits = model.forward(ids.clone(), None).unwrap();
+        logits.into_data().to_vec::<f32>().unwrap()
+    };
+    let (at_4, at_6) = (logits(&out), logits(&run.join("student")));
+    assert_eq!(at_4, logits(&step(4).join("hf")));
+    assert!(at_4.iter().zip(&at_6).any(|(a, b)| (a - b).abs() > 1e-4));
+
+    // A damaged checkpoint is not exported; an export never replaces its checkpoint.
+    flip_a_bit(&step(4).join("student.bin"));
+    let damaged = xtoken(&[
+        "export",
+        "--checkpoint",
+        step(4).to_str().unwrap(),
+        "--out",
+        f.dir.0.join("exported-damaged").to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&damaged.stderr).into_owned();
+    assert!(
+        !damaged.status.success() && err.contains("student.bin does not match"),
+        "{err}"
+    );
+    let into_itself = xtoken(&[
+        "export",
+        "--checkpoint",
+        step(6).to_str().unwrap(),
+        "--out",
+        step(6).to_str().unwrap(),
+    ]);
+    assert!(!into_itself.status.success());
+    assert!(step(6).join("manifest.json").exists());
+}

@@ -55,6 +55,9 @@ pub enum Command {
     Logits(models::LogitsArgs),
     /// Re-save a Hugging Face model directory in f32, bf16 or f16.
     Convert(models::ConvertArgs),
+    /// Write the student of a training checkpoint as a Hugging Face directory (with its
+    /// tokenizer, chat template and generation configuration).
+    Export(models::ExportArgs),
     /// Benchmarks that print Markdown tables for BENCHMARKS.md.
     #[command(subcommand)]
     Bench(BenchCommand),

@@ -224,6 +224,47 @@ pub fn logits(args: LogitsArgs) -> Result<()> {
     Ok(())
 }
 
+/// Options of `xtoken export`.
+#[derive(Args)]
+pub struct ExportArgs {
+    /// A checkpoint directory (`<output_dir>/checkpoints/step-NNNNNNNN`).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The Hugging Face directory to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The run's configuration; default: `run.toml` of the checkpoint's run directory.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+pub fn export(args: ExportArgs) -> Result<()> {
+    refuse_overwriting(
+        &args.out,
+        &[("the --checkpoint directory", &args.checkpoint)],
+    )?;
+    let start = Instant::now();
+    let path = match args.config {
+        Some(path) => path,
+        None => xtoken_train::export::run_config_of(&args.checkpoint)?,
+    };
+    let config = xtoken_train::RunConfig::load_saved(&path)?;
+    let device = Default::default();
+    let (out, step) = xtoken_train::export::export_checkpoint::<B>(
+        &config,
+        &args.checkpoint,
+        &args.out,
+        &device,
+    )?;
+    eprintln!(
+        "wrote the student of step {step} to {} in {:.1} s (config {})",
+        out.display(),
+        start.elapsed().as_secs_f64(),
+        path.display()
+    );
+    Ok(())
+}
+
 pub fn convert(args: ConvertArgs) -> Result<()> {
     // The weights are read while writing: `--out` must be another directory, however spelled.
     refuse_overwriting(&args.out, &[("the --model directory", &args.model)])?;
@@ -231,22 +272,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     eprintln!("loading {} …", args.model.display());
     let model = Transformer::<B>::load(&args.model, &Default::default())?;
     model.save(&args.out, args.dtype.into())?;
-    let mut copied = Vec::new();
-    for entry in std::fs::read_dir(&args.model)
-        .with_context(|| format!("listing {}", args.model.display()))?
-    {
-        let path = entry?.path();
-        let name = path
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .to_string();
-        if path.is_file() && name != "config.json" && !name.starts_with("model") {
-            std::fs::copy(&path, args.out.join(&name))
-                .with_context(|| format!("copying {}", path.display()))?;
-            copied.push(name);
-        }
-    }
+    let copied = xtoken_train::export::copy_companions(&args.model, &args.out)?;
     eprintln!(
         "wrote {} as {} in {:.1} s{}",
         args.out.display(),
