@@ -35,6 +35,16 @@ impl RunInputs {
     /// shards; with `data.cache`, opens the alignment cache, building it first when absent
     /// (`progress` draws its progress bar).
     pub fn load(config: &RunConfig, progress: bool) -> Result<Self> {
+        let mut inputs = Self::read(config)?;
+        if config.cache_path().is_some() {
+            let cache = open_or_build_cache(config, &inputs.pipeline, progress)?;
+            inputs.cache = Some(Arc::new(cache));
+        }
+        Ok(inputs)
+    }
+
+    /// What [`load`](Self::load) reads, without opening or building the alignment cache.
+    pub fn read(config: &RunConfig) -> Result<Self> {
         let student_config = HfConfig::read(&config.student.model)?;
         let limit = student_config.architecture.max_position_embeddings;
         if config.training.context_length > limit {
@@ -69,17 +79,13 @@ impl RunInputs {
             aligners,
         };
         let sources = sources::sources(&config.data)?;
-        let cache = match config.cache_path() {
-            Some(_) => Some(Arc::new(open_or_build_cache(config, &pipeline, progress)?)),
-            None => None,
-        };
         Ok(Self {
             student_config,
             settings,
             teacher_configs,
             pipeline: Arc::new(pipeline),
             sources,
-            cache,
+            cache: None,
         })
     }
 }

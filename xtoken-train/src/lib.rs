@@ -69,6 +69,7 @@ pub mod metrics;
 pub mod optim;
 pub mod parallel;
 pub mod paths;
+pub mod preflight;
 pub mod resume;
 pub mod rng;
 pub mod run;

@@ -134,3 +134,42 @@ fn a_resumed_run_may_change_logging_and_retention_and_extend_its_steps() {
         .unwrap()
         .contains("steps = 8"));
 }
+
+#[test]
+fn check_reads_everything_and_trains_nothing() {
+    let f = fixture("stream-check");
+    let path = mixture_config(&f, "run", |t| t);
+    let out = train(&path, &["--check"]);
+    let plan = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "steps 6 · 1 worker(s) · 2 micro-batches per step and worker · 96 student tokens per step",
+        "teacher digits",
+        "auto → ",
+        "built at the start",
+        "teacher same",
+        ": KL",
+        "2 shard(s)",
+        "67 % of the documents",
+        "memory of one device, estimated",
+    ] {
+        assert!(plan.contains(expected), "{expected:?} in\n{plan}");
+    }
+    assert!(!f.dir.0.join("run").exists(), "--check writes nothing");
+
+    // A shard with a bad line is named with its line.
+    std::fs::write(f.dir.0.join("web/c.jsonl"), "{\"text\": \"fine\"}\n").unwrap();
+    let out = train(&path, &["--check"]);
+    assert!(out.status.success());
+    std::fs::write(f.dir.0.join("web/c.jsonl"), "{\"text\": \n").unwrap();
+    let out = train(&path, &["--check"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success() && err.contains("c.jsonl:1: invalid JSON"),
+        "{err}"
+    );
+}

@@ -32,13 +32,27 @@ pub struct TrainArgs {
     /// the `collective` feature.
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<usize>,
+    /// Read and check everything the run needs (configuration, models' configurations and
+    /// weight headers, tokenizers, every data shard's first document, W) and print the plan
+    /// (steps, tokens, each teacher's loss, memory estimate) without training.
+    #[arg(long)]
+    pub check: bool,
 }
 
 /// Runs `xtoken train`.
 pub fn run(args: TrainArgs) -> Result<()> {
-    let config = RunConfig::load(&args.config)?;
+    let mut config = RunConfig::load(&args.config)?;
     let kind = args.device.as_deref().unwrap_or(&config.device).parse()?;
     let devices = Devices::placed(kind, args.devices)?;
+    if args.check {
+        if let Some(device) = args.device {
+            config.device = device;
+        }
+        let processes = devices.placement.as_ref().map_or(1, |p| p.world);
+        let workers = devices.indices.len().max(1) * processes;
+        println!("{}", xtoken_train::preflight::check(&config, workers)?);
+        return Ok(());
+    }
     let options = RunOptions {
         resume: args.resume,
         stop_after: args.stop_after,
