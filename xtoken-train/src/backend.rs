@@ -12,11 +12,14 @@ use crate::error::{Error, Result};
 
 /// What training needs of a backend: autodiff for the student, and the X-Token kernels both
 /// there and on the inner backend the teachers run on.
-pub trait TrainBackend: AutodiffBackend<InnerBackend: XTokenBackend> + XTokenBackend {}
+pub trait TrainBackend:
+    AutodiffBackend<InnerBackend: XTokenBackend> + XTokenBackend + DeviceMemory
+{
+}
 
 impl<B> TrainBackend for B
 where
-    B: AutodiffBackend + XTokenBackend,
+    B: AutodiffBackend + XTokenBackend + DeviceMemory,
     B::InnerBackend: XTokenBackend,
 {
 }

@@ -164,7 +164,7 @@ pub fn latest(dir: &Path) -> Result<Option<(PathBuf, CheckpointState)>> {
         match verify(&path) {
             Ok(()) => return Ok(Some((path, state))),
             Err(why) => {
-                eprintln!(
+                tracing::warn!(
                     "checkpoint {} is damaged: {why}; trying the previous one",
                     path.display()
                 );
@@ -193,7 +193,7 @@ fn candidates(dir: &Path) -> Result<Vec<(PathBuf, CheckpointState)>> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         if name.contains(".tmp") {
-            eprintln!("removing {} (a save that did not finish)", path.display());
+            tracing::warn!("removing {} (a save that did not finish)", path.display());
             std::fs::remove_dir_all(&path).ok();
             continue;
         }
@@ -204,7 +204,7 @@ fn candidates(dir: &Path) -> Result<Vec<(PathBuf, CheckpointState)>> {
             .ok()
             .and_then(|t| serde_json::from_str::<CheckpointState>(&t).ok());
         let Some(state) = state else {
-            eprintln!("skipping {}: no readable state.json", path.display());
+            tracing::warn!("skipping {}: no readable state.json", path.display());
             continue;
         };
         found.push((path, state));

@@ -133,7 +133,7 @@ pub fn projection_for(
         std::fs::remove_file(&partial).ok();
     }
     saved?;
-    eprintln!(
+    tracing::info!(
         "teacher {}: built W ({} × {}, top-{}) into {}",
         settings.name,
         w.student_vocab_size(),

@@ -114,7 +114,7 @@ impl OnBackend for TrainJob<'_> {
         config.grad_accum(count)?;
         prepare_shared_files(&config)?;
         let summary = train_workers::<B>(config, options, devices, None)?;
-        eprintln!(
+        tracing::info!(
             "{count} workers ended with identical parameters (fingerprint {:016x})",
             summary.fingerprint
         );
@@ -166,7 +166,7 @@ fn across_processes<B: TrainBackend>(
         hash: plan_hash(&config, options, kind)?,
     };
     let (session, nodes) = join_as_node(placement, plan, Timeouts::from_env()?)?;
-    eprintln!(
+    tracing::info!(
         "rank {rank} of {world} ({}): {local} worker(s) here, {} in all; reached at {}",
         placement.launcher,
         local * world,
@@ -187,7 +187,7 @@ fn across_processes<B: TrainBackend>(
         session.run(move || train_workers::<B>(config, &options, devices, Some(&nodes)))?;
     session.finish(summary.fingerprint)?;
     if rank == 0 {
-        eprintln!(
+        tracing::info!(
             "{world} processes × {local} workers ended with identical parameters (fingerprint \
              {:016x})",
             summary.fingerprint

@@ -76,6 +76,7 @@ pub mod run;
 pub mod schedule;
 pub mod step;
 pub mod teachers;
+pub mod tensorboard;
 
 pub use backend::TrainBackend;
 pub use config::RunConfig;

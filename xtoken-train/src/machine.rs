@@ -16,6 +16,26 @@ fn parse_mem_available(info: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// A field of `/proc/self/status` in bytes (`VmRSS:`, `VmHWM:`); `None` off Linux.
+fn status_bytes(name: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(name))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
+}
+
+/// The process's peak resident memory (since it started, or since
+/// [`reset_peak_resident`]); `None` where the system does not say.
+pub fn peak_resident() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// Starts a new peak at the current resident memory, which it returns (Linux).
+pub fn reset_peak_resident() -> Option<u64> {
+    std::fs::write("/proc/self/clear_refs", "5").ok()?;
+    status_bytes("VmRSS:")
+}
+
 /// Refuses work that needs `need` bytes of host memory when less is available; `what` names
 /// the work and `hint` says what to change.
 pub fn check_fits(what: &str, need: u64, hint: &str) -> Result<()> {

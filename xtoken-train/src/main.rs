@@ -14,6 +14,7 @@ use clap::Parser;
 use cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    init_logging();
     let result = match Cli::parse().command {
         Command::Demo(args) => cli::demo::run(args),
         Command::Train(args) => cli::train::run(args),
@@ -42,6 +43,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Log lines on stderr with a timestamp and a level; `RUST_LOG` filters them (default: xtoken's
+/// `info`, other crates' `warn`; `RUST_LOG=debug` shows everything).
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("warn,xtoken_train=info,xtoken=info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .with_target(false)
+        .init();
 }
 
 /// The error and its causes, joined with ": "; a cause its error already quotes (`{path}:

@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Context, Error, Result};
+use crate::tensorboard::EventWriter;
 
 /// One step's numbers.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,12 +32,17 @@ pub struct StepMetrics {
     pub tokens_per_s: f64,
     /// Training time so far.
     pub seconds: f64,
+    /// Peak memory so far: the device's pools where the backend reports them (CUDA), else the
+    /// process's resident memory (the CPU backend); 0 where neither is known.
+    pub memory_bytes: u64,
 }
 
-/// The CSV file `metrics.csv` of a run.
+/// The CSV file `metrics.csv` of a run, and its TensorBoard event file beside it in
+/// `tensorboard/`.
 pub struct MetricsLog {
     path: PathBuf,
     file: File,
+    events: EventWriter,
     teachers: Vec<String>,
     rows: Vec<StepMetrics>,
 }
@@ -46,7 +52,7 @@ fn header(teachers: &[String]) -> String {
     for name in teachers {
         let _ = write!(h, ",loss_{name},alpha_{name}");
     }
-    h.push_str(",grad_norm,tokens,tokens_per_s,seconds");
+    h.push_str(",grad_norm,tokens,tokens_per_s,seconds,memory_bytes");
     h
 }
 
@@ -55,7 +61,7 @@ fn parse_row(line: &str, teachers: usize) -> Option<StepMetrics> {
         .split(',')
         .map(|x| x.parse::<f64>().ok())
         .collect::<Option<_>>()?;
-    if v.len() != 9 + 2 * teachers {
+    if v.len() != 10 + 2 * teachers {
         return None;
     }
     let t = 5 + 2 * teachers;
@@ -72,6 +78,7 @@ fn parse_row(line: &str, teachers: usize) -> Option<StepMetrics> {
         tokens: v[t + 1] as u64,
         tokens_per_s: v[t + 2],
         seconds: v[t + 3],
+        memory_bytes: v[t + 4] as u64,
     })
 }
 
@@ -102,30 +109,50 @@ impl MetricsLog {
                 }
             }
         }
+        let events = path.with_file_name("tensorboard");
         let mut log = MetricsLog {
             path: path.to_path_buf(),
             file: File::create(path)
                 .with_context(|| format!("{}: cannot write", path.display()))?,
+            events: EventWriter::create(&events, start_step)?,
             teachers: teachers.to_vec(),
             rows: Vec::new(),
         };
         writeln!(log.file, "{}", header(teachers))?;
         for row in rows {
-            log.push(row)?;
+            log.write_row(row)?;
         }
         Ok(log)
     }
 
-    /// Appends one step.
+    /// Appends one step, to the CSV file and as TensorBoard scalars.
     pub fn push(&mut self, m: StepMetrics) -> Result<()> {
+        let mut scalars = vec![
+            ("train/loss".to_string(), m.loss),
+            ("train/ce".to_string(), m.ce),
+            ("train/kd".to_string(), m.kd),
+            ("train/lr".to_string(), m.lr),
+            ("train/grad_norm".to_string(), m.grad_norm),
+            ("perf/tokens_per_s".to_string(), m.tokens_per_s),
+            ("perf/memory_gb".to_string(), m.memory_bytes as f64 / 1e9),
+        ];
+        for (name, (loss, alpha)) in self.teachers.iter().zip(&m.teachers) {
+            scalars.push((format!("teacher/{name}/loss"), *loss));
+            scalars.push((format!("teacher/{name}/alpha"), *alpha));
+        }
+        self.events.scalars(m.step, &scalars)?;
+        self.write_row(m)
+    }
+
+    fn write_row(&mut self, m: StepMetrics) -> Result<()> {
         let mut line = format!("{},{:e},{},{},{}", m.step, m.lr, m.loss, m.ce, m.kd);
         for (loss, alpha) in &m.teachers {
             let _ = write!(line, ",{loss},{alpha}");
         }
         let _ = write!(
             line,
-            ",{},{},{:.1},{:.3}",
-            m.grad_norm, m.tokens, m.tokens_per_s, m.seconds
+            ",{},{},{:.1},{:.3},{}",
+            m.grad_norm, m.tokens, m.tokens_per_s, m.seconds, m.memory_bytes
         );
         writeln!(self.file, "{line}")
             .and_then(|_| self.file.flush())
@@ -342,6 +369,7 @@ mod tests {
             tokens: 100,
             tokens_per_s: 50.0,
             seconds: step as f64,
+            memory_bytes: 1 << 30,
         }
     }
 

@@ -217,6 +217,9 @@ impl<B: TrainBackend> Run<B> {
             tokens: self.state.tokens,
             tokens_per_s: outcome.tokens as f64 / seconds.max(1e-9),
             seconds: self.state.seconds,
+            memory_bytes: B::reserved_bytes(&self.device)
+                .or_else(crate::machine::peak_resident)
+                .unwrap_or(0),
         })
     }
 
@@ -265,7 +268,7 @@ impl<B: TrainBackend> Run<B> {
         }
         self.progress
             .bar
-            .suspend(|| eprintln!("checkpoint {}", dir.display()));
+            .suspend(|| tracing::info!("checkpoint {}", dir.display()));
         Ok(dir)
     }
 
@@ -278,7 +281,7 @@ impl<B: TrainBackend> Run<B> {
         if self.worker.leads() && complete {
             let out = self.config.output_dir.join("student");
             let dir = export_trained(&self.config, &self.trainable.student, &out)?;
-            eprintln!(
+            tracing::info!(
                 "done: {} steps, {} tokens in {:.1} s; student saved to {}",
                 state.step,
                 state.tokens,
@@ -399,7 +402,7 @@ fn extend(
                 lr,
             });
         }
-        eprintln!(
+        tracing::info!(
             "training.steps extended to {} ({}), from step {}",
             t.steps,
             match how {
@@ -431,7 +434,7 @@ fn load_student<B: TrainBackend>(
     let student = Transformer::<B>::load_with(&config.student.model, LoadOptions { dtype }, device)
         .context("student")?;
     if lead {
-        eprintln!(
+        tracing::info!(
             "student: {} ({} parameters, {dtype:?})",
             config.student.model.display(),
             student.architecture.num_parameters()
@@ -468,7 +471,7 @@ fn restore<B: TrainBackend>(
     let checkpoints = config.output_dir.join("checkpoints");
     let Some((dir, saved)) = checkpoint::latest(&checkpoints)? else {
         if lead {
-            eprintln!(
+            tracing::info!(
                 "no checkpoint in {}: starting from step 0",
                 checkpoints.display()
             );
@@ -477,7 +480,7 @@ fn restore<B: TrainBackend>(
     };
     checkpoint::restore(&dir, trainable, teachers, device)?;
     if lead {
-        eprintln!("resuming from {} (step {})", dir.display(), saved.step);
+        tracing::info!("resuming from {} (step {})", dir.display(), saved.step);
     }
     Ok(saved)
 }
@@ -562,7 +565,7 @@ impl Progress {
         self.bar.set_position(state.step);
         let t = &config.training;
         if self.lead {
-            eprintln!(
+            tracing::info!(
                 "training steps {}..{last} of {}: {} sequences × {} tokens per step ({} per micro-batch, {} micro-batches × {workers} workers)",
                 state.step,
                 t.steps,
@@ -595,8 +598,8 @@ impl Progress {
             .zip(&row.teachers)
             .map(|(t, (l, a))| format!("{} {l:.4} (α {a:.3})", t.settings.name))
             .collect();
-        eprintln!(
-            "step {}/{steps} · lr {:.3e} · loss {:.4} · CE {:.4} · KD {:.4} [{}] · |g| {:.3} · {:.0} tok/s",
+        tracing::info!(
+            "step {}/{steps} · lr {:.3e} · loss {:.4} · CE {:.4} · KD {:.4} [{}] · |g| {:.3} · {:.0} tok/s · {:.2} GB",
             row.step,
             row.lr,
             row.loss,
@@ -604,7 +607,8 @@ impl Progress {
             row.kd,
             per_teacher.join(", "),
             row.grad_norm,
-            row.tokens_per_s
+            row.tokens_per_s,
+            row.memory_bytes as f64 / 1e9
         );
     }
 }

@@ -89,7 +89,7 @@ impl<B: TrainBackend> Teacher<B> {
         )
         .with_context(|| format!("teacher {}", settings.name))?;
         if lead {
-            eprintln!(
+            tracing::info!(
                 "teacher {}: {} ({} parameters, {dtype:?}), {}, α = {}",
                 settings.name,
                 settings.model.display(),
@@ -162,9 +162,11 @@ pub(crate) fn audit_choice(
 ) -> LossKind {
     let report = audit::audit(student, teacher, w, &AuditOptions::default());
     if lead {
-        eprintln!(
+        tracing::info!(
             "teacher {}: auto → {:?}: {}",
-            settings.name, report.recommendation, report.reason
+            settings.name,
+            report.recommendation,
+            report.reason
         );
     }
     report.recommendation

@@ -32,6 +32,10 @@ fn trains_two_teachers_resumes_exactly_and_saves_the_student() {
         assert!(values[5] > 0.0 && values[7] > 0.0, "{row}");
         assert_eq!((values[6], values[8]), (1.0, 0.5), "{row}");
     }
+    let events: Vec<_> = std::fs::read_dir(run.join("tensorboard"))
+        .unwrap()
+        .collect();
+    assert_eq!(events.len(), 1, "one TensorBoard event file");
     let svg = std::fs::read_to_string(run.join("loss.svg")).unwrap();
     assert!(svg.contains("<polyline") && svg.contains("digits"));
     let mut checkpoints: Vec<String> = std::fs::read_dir(run.join("checkpoints"))

@@ -16,6 +16,7 @@ use xtoken_train::config::{DataConfig, DataPaths};
 use xtoken_train::data::{
     sources, AlignedStream, BatchShape, DocumentStream, Feed, Loader, LoaderState, Packer, Pipeline,
 };
+use xtoken_train::machine;
 use xtoken_train::rng::SplitMix64;
 
 use super::corpora;
@@ -172,7 +173,7 @@ fn measure(
 ) -> Result<Measured> {
     // Resident memory, not the counting allocator: its shared counters would slow the
     // alignment threads this measures.
-    let base = rss::reset_peak()?;
+    let base = machine::reset_peak_resident().context("resetting the peak resident memory")?;
     let started = Instant::now();
     let stream = DocumentStream::open(sources::sources(data)?, 1, &data.text_field, None)?;
     let stream = AlignedStream::start(pipeline.clone(), stream, threads, data.prefetch)?;
@@ -203,7 +204,7 @@ fn measure(
         first_batch,
         docs_per_s: (docs - from_docs) as f64 / elapsed,
         tokens_per_s: tokens as f64 / elapsed,
-        peak_rss: rss::peak()?.saturating_sub(base),
+        peak_rss: machine::peak_resident().unwrap_or(0).saturating_sub(base),
     })
 }
 
@@ -248,36 +249,5 @@ fn print_table(
             r.tokens_per_s / args.need,
             r.peak_rss as f64 / (1 << 20) as f64
         );
-    }
-}
-
-/// The process's resident memory from `/proc/self` (Linux).
-mod rss {
-    use anyhow::{Context, Result};
-
-    fn field(name: &str) -> Result<u64> {
-        let status = std::fs::read_to_string("/proc/self/status")
-            .context("reading /proc/self/status (resident memory is measured on Linux)")?;
-        let line = status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .with_context(|| format!("/proc/self/status has no {name}"))?;
-        let kib: u64 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("/proc/self/status: {line}"))?;
-        Ok(kib << 10)
-    }
-
-    /// Resets the peak to the current resident memory and returns it.
-    pub fn reset_peak() -> Result<u64> {
-        std::fs::write("/proc/self/clear_refs", "5").context("resetting the peak RSS")?;
-        field("VmRSS:")
-    }
-
-    /// The peak resident memory since [`reset_peak`].
-    pub fn peak() -> Result<u64> {
-        field("VmHWM:")
     }
 }

@@ -84,7 +84,7 @@ pub fn start_orchestrator(port: u16) -> Result<()> {
                 std::future::pending(),
             ));
             if let Err(e) = served {
-                eprintln!("burn-collective's orchestrator on port {port} stopped: {e}");
+                tracing::error!("burn-collective's orchestrator on port {port} stopped: {e}");
             }
         })?;
     Ok(())

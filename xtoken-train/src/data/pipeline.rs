@@ -146,6 +146,9 @@ impl Tally {
     }
 }
 
+/// How often [`align_file`] logs its progress when it draws no bar.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What [`align_file`] reads, writes and how.
 pub struct FileJob<'a> {
     /// The input file.
@@ -194,6 +197,7 @@ pub fn align_file(
     let progress = file_progress(&reader, job);
     let mut tallies = vec![Tally::default(); pipeline.teachers.len()];
     let (mut docs, mut student_tokens) = (0u64, 0u64);
+    let mut last_line = Instant::now();
     loop {
         // A batch of about 4 MiB of text keeps every core busy and memory small.
         let batch = reader.next_batch(4 << 20)?;
@@ -218,10 +222,17 @@ pub fn align_file(
             }
         }
         let secs = start.elapsed().as_secs_f64().max(1e-9);
-        progress.set_message(format!(
+        let rate = format!(
             "{docs} docs · {:.0}k student tok/s",
             student_tokens as f64 / secs / 1e3
-        ));
+        );
+        // Off a terminal (no bar), a line every PROGRESS_EVERY when a cache is written.
+        if !job.progress && job.out.is_some() && last_line.elapsed() >= PROGRESS_EVERY {
+            last_line = Instant::now();
+            let share = 100.0 * reader.done() as f64 / reader.total().max(1) as f64;
+            tracing::info!("{}: {share:.1} % · {rate}", job.input.display());
+        }
+        progress.set_message(rate);
         if batch.is_empty() {
             break;
         }
@@ -362,7 +373,7 @@ pub fn open_or_build_cache(
         std::fs::create_dir_all(parent).with_context(|| format!("{}", parent.display()))?;
     }
     let threads = config.data_threads();
-    eprintln!(
+    tracing::info!(
         "tokenizing and aligning {} with {threads} threads into {}",
         input.display(),
         path.display()
@@ -386,9 +397,11 @@ pub fn open_or_build_cache(
         std::fs::remove_file(&partial).ok();
         return Err(e).with_context(|| format!("renaming {} into place", partial.display()));
     }
-    eprintln!(
+    tracing::info!(
         "  {} documents, {} student tokens in {:.1} s",
-        stats.docs, stats.student_tokens, stats.seconds
+        stats.docs,
+        stats.student_tokens,
+        stats.seconds
     );
     Ok(AlignCache::open(&path)?)
 }
