@@ -65,6 +65,26 @@ pub struct RunConfig {
     /// `[checkpoint]`.
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
+    /// `[eval]`: held-out evaluation during training (none without the section).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval: Option<EvalConfig>,
+}
+
+/// Held-out evaluation: the same packed rows of held-out text, evaluated without a gradient
+/// every `every` steps and after the last one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalConfig {
+    /// The held-out text: a file, a directory, a glob or a list of them, as `data.path` (its
+    /// `data.text_field`).
+    pub path: DataPaths,
+    /// Steps between evaluations.
+    #[serde(default = "defaults::eval_every")]
+    pub every: u64,
+    /// Student tokens evaluated each time (whole rows of `context_length`; fewer when the
+    /// held-out text ends first).
+    #[serde(default = "defaults::eval_tokens")]
+    pub max_tokens: u64,
 }
 
 /// The model being trained.
@@ -283,6 +303,12 @@ mod defaults {
     }
     pub fn prefetch() -> usize {
         4
+    }
+    pub fn eval_every() -> u64 {
+        1000
+    }
+    pub fn eval_tokens() -> u64 {
+        1 << 20
     }
 }
 
@@ -517,6 +543,13 @@ impl RunConfig {
         self.student_dtype()?;
         self.validate_teachers()?;
         self.validate_data()?;
+        if let Some(eval) = &self.eval {
+            at_least_one("eval.every", eval.every)?;
+            at_least_one("eval.max_tokens", eval.max_tokens)?;
+            if eval.path.entries().is_empty() {
+                return Err(Error::Config("eval.path: the list is empty".into()));
+            }
+        }
         at_least_one("data.prefetch", self.data.prefetch as u64)?;
         self.training.validate()?;
         self.grad_accum(1)?;

@@ -61,6 +61,7 @@ pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod error;
+pub mod eval;
 pub mod export;
 pub mod inputs;
 pub mod launch;

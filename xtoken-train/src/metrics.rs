@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Context, Error, Result};
+use crate::eval::EvalRow;
 use crate::tensorboard::EventWriter;
 
 /// One step's numbers.
@@ -167,8 +168,17 @@ impl MetricsLog {
         &self.rows
     }
 
-    /// Writes the loss curves to `path` (SVG) atomically.
-    pub fn write_svg(&self, path: &Path, title: &str) -> Result<()> {
+    /// An evaluation's values as TensorBoard scalars (`eval/ce`, `eval/teacher/<name>/loss`).
+    pub fn push_eval(&mut self, row: &EvalRow) -> Result<()> {
+        let mut scalars = vec![("eval/ce".to_string(), row.ce)];
+        for (name, loss) in self.teachers.iter().zip(&row.teachers) {
+            scalars.push((format!("eval/teacher/{name}/loss"), *loss));
+        }
+        self.events.scalars(row.step, &scalars)
+    }
+
+    /// Writes the loss curves to `path` (SVG) atomically, with the held-out ones of `eval`.
+    pub fn write_svg(&self, path: &Path, title: &str, eval: &[EvalRow]) -> Result<()> {
         let mut series: Vec<(String, Vec<(f64, f64)>)> = vec![
             ("loss".into(), self.points(|m| m.loss)),
             ("CE".into(), self.points(|m| m.ce)),
@@ -176,6 +186,15 @@ impl MetricsLog {
         ];
         for (i, name) in self.teachers.iter().enumerate() {
             series.push((name.clone(), self.points(|m| m.teachers[i].0)));
+        }
+        if !eval.is_empty() {
+            let held_out = |f: &dyn Fn(&EvalRow) -> f64| -> Vec<(f64, f64)> {
+                eval.iter().map(|r| (r.step as f64, f(r))).collect()
+            };
+            series.push(("held-out CE".into(), held_out(&|r| r.ce)));
+            for (i, name) in self.teachers.iter().enumerate() {
+                series.push((format!("held-out {name}"), held_out(&|r| r.teachers[i])));
+            }
         }
         let svg = line_chart(title, "step", &series);
         let tmp = path.with_extension("svg.tmp");
@@ -389,9 +408,15 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 4);
         assert!(text.starts_with("step,lr,loss,ce,kd,loss_qwen,alpha_qwen,grad_norm"));
-        log.write_svg(&dir.join("loss.svg"), "run").unwrap();
+        let eval = [EvalRow {
+            step: 2,
+            ce: 1.4,
+            teachers: vec![0.6],
+        }];
+        log.write_svg(&dir.join("loss.svg"), "run", &eval).unwrap();
         let svg = std::fs::read_to_string(dir.join("loss.svg")).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.contains("qwen"));
+        assert!(svg.contains("held-out CE") && svg.contains("held-out qwen"));
         assert!(MetricsLog::open(&path, &["other".to_string()], 3).is_err());
         std::fs::remove_dir_all(&dir).ok();
     }

@@ -33,7 +33,8 @@ pub struct Preflight {
     pub student: (PathBuf, usize, DtypeChoice),
     /// Per teacher.
     pub teachers: Vec<TeacherPlan>,
-    /// Per data source: its name, shard count, bytes on disk, share of the documents.
+    /// Per data source (then the held-out text's): its name, shard count, bytes on disk, weight
+    /// (0 for held-out text).
     pub sources: Vec<(String, usize, u64, f64)>,
     /// The alignment cache, when configured: its path and whether it exists.
     pub cache: Option<(PathBuf, bool)>,
@@ -85,11 +86,22 @@ pub fn check(config: &RunConfig, workers: usize) -> Result<Preflight> {
     for s in &inputs.settings {
         open_weights(&s.model).with_context(|| format!("teacher {}", s.name))?;
     }
-    let sources = inputs
+    let mut sources = inputs
         .sources
         .iter()
         .map(read_first_documents(&config.data.text_field))
         .collect::<Result<Vec<_>>>()?;
+    if let Some(eval) = &config.eval {
+        let data = crate::config::DataConfig {
+            path: eval.path.clone(),
+            weights: None,
+            ..config.data.clone()
+        };
+        for source in crate::data::sources::sources(&data).context("eval.path")? {
+            let (name, shards, bytes, _) = read_first_documents(&data.text_field)(&source)?;
+            sources.push((format!("held-out {name}"), shards, bytes, 0.0));
+        }
+    }
     let teachers = (0..inputs.settings.len())
         .map(|m| teacher_plan(config, &inputs, m))
         .collect::<Result<Vec<_>>>()?;
@@ -275,12 +287,15 @@ impl fmt::Display for Preflight {
         }
         let total: f64 = self.sources.iter().map(|s| s.3).sum();
         for (name, shards, bytes, weight) in &self.sources {
+            let share = match *weight {
+                0.0 => String::new(),
+                w => format!(", {:.0} % of the documents", 100.0 * w / total),
+            };
             writeln!(
                 f,
-                "data {name}: {shards} shard(s), {} on disk, {:.0} % of the documents (first \
-                 document of every shard read)",
+                "data {name}: {shards} shard(s), {} on disk{share} (first document of every \
+                 shard read)",
                 gb(*bytes),
-                100.0 * weight / total
             )?;
         }
         if let Some((path, exists)) = &self.cache {

@@ -1,5 +1,6 @@
 //! What a resumed run may change: the fields that touch neither the math nor the data order
-//! (logging, checkpoint cadence and retention, loader threads and prefetch, the device) freely;
+//! (logging, checkpoint cadence and retention, held-out evaluation, loader threads and prefetch,
+//! the device) freely;
 //! `training.steps` with an explicit [`Extension`] that says how the learning rate continues;
 //! anything else is refused, naming the field.
 
@@ -44,6 +45,7 @@ fn fixed_part(config: &RunConfig) -> RunConfig {
     c.checkpoint.every = 1;
     c.checkpoint.keep = 1;
     c.checkpoint.hf = false;
+    c.eval = None;
     c.data.workers = 0;
     c.data.prefetch = 1;
     c
@@ -64,7 +66,7 @@ pub fn check(saved: &RunConfig, config: &RunConfig, extension: Option<Extension>
             "{} changed since the run started; it changes the math or the data order, so the run \
              cannot resume with it (restore it, or start a new run in another output_dir). A \
              resumed run may change training.log_every, checkpoint.every, checkpoint.keep, \
-             checkpoint.hf, data.workers, data.prefetch and the device, and training.steps with --extend-steps",
+             checkpoint.hf, [eval], data.workers, data.prefetch and the device, and training.steps with --extend-steps",
             changed.join(", ")
         )));
     }

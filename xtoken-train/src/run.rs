@@ -23,6 +23,7 @@ use crate::checkpoint::{self, CheckpointState};
 use crate::config::RunConfig;
 use crate::data::{AlignedStream, BatchShape, DocumentStream, Feed, Loader, LoaderState, Packer};
 use crate::error::{Context, Error, Result};
+use crate::eval::{EvalLog, EvalRow, HeldOut};
 use crate::export::{export_trained, write_student};
 use crate::inputs::RunInputs;
 use crate::metrics::{MetricsLog, StepMetrics};
@@ -30,7 +31,7 @@ use crate::optim::Trainable;
 use crate::parallel::{fingerprint, Worker};
 use crate::resume::Extension;
 use crate::schedule::{anchored_rate, DecayAnchor};
-use crate::step::{step, LossSetup, StepRates};
+use crate::step::{held_out as held_out_values, step, LossSetup, StepRates};
 use crate::teachers::{dtype_of, Teacher};
 
 /// How a run starts and how far it goes.
@@ -73,6 +74,8 @@ pub struct Run<B: TrainBackend> {
     clock: (Instant, f64),
     /// The step this process stops after.
     last: u64,
+    /// The held-out rows and their log (lead worker, with `[eval]`).
+    held_out: Option<(HeldOut, EvalLog)>,
     /// The configuration run.toml takes with the next checkpoint (a resumed run that changed
     /// some of it), so that it never runs ahead of the checkpoint that goes with it.
     pending_run_toml: Option<String>,
@@ -130,6 +133,10 @@ impl<B: TrainBackend> Run<B> {
         let metrics = lead
             .then(|| MetricsLog::open(&config.output_dir.join("metrics.csv"), &names, state.step))
             .transpose()?;
+        let held_out = match lead {
+            true => held_out(&config, &inputs, &names, state.step)?,
+            false => None,
+        };
         let accum = config.grad_accum(worker.count)?;
         let loader = start_loader(&config, &inputs, &worker, state.loader.clone())?;
         let t = &config.training;
@@ -148,8 +155,59 @@ impl<B: TrainBackend> Run<B> {
             state,
             last,
             pending_run_toml,
+            held_out,
             config,
         })
+    }
+
+    /// Whether the lead worker evaluates the held-out rows after the current step: every
+    /// `eval.every` steps and after the last one.
+    pub fn eval_due(&self) -> bool {
+        let step = self.state.step;
+        match (&self.config.eval, &self.held_out) {
+            (Some(eval), Some(_)) => step % eval.every == 0 || step == self.last,
+            _ => false,
+        }
+    }
+
+    /// Evaluates the held-out rows (lead worker, with `[eval]`): logs the values and records
+    /// them in `eval.csv` and the TensorBoard file.
+    pub fn evaluate(&mut self) -> Result<Option<EvalRow>> {
+        let Some((rows, log)) = self.held_out.as_mut() else {
+            return Ok(None);
+        };
+        let (ce, teachers) = held_out_values(
+            &self.trainable.student,
+            &self.teachers,
+            &rows.batches,
+            &self.setup,
+            &self.device,
+        )
+        .with_context(|| format!("evaluating after step {}", self.state.step))?;
+        let row = EvalRow {
+            step: self.state.step,
+            ce,
+            teachers,
+        };
+        log.push(row.clone())?;
+        if let Some(metrics) = self.metrics.as_mut() {
+            metrics.push_eval(&row)?;
+        }
+        let per_teacher: Vec<String> = self
+            .teachers
+            .iter()
+            .zip(&row.teachers)
+            .map(|(t, l)| format!("{} {l:.4}", t.settings.name))
+            .collect();
+        let line = format!(
+            "held-out after step {}: CE {:.4} · [{}] ({} tokens)",
+            row.step,
+            row.ce,
+            per_teacher.join(", "),
+            rows.tokens
+        );
+        self.progress.bar.suspend(|| tracing::info!("{line}"));
+        Ok(Some(row))
     }
 
     /// The learning rate of the step after `step`.
@@ -264,7 +322,11 @@ impl<B: TrainBackend> Run<B> {
         }
         if let Some(metrics) = &self.metrics {
             let title = format!("xtoken train · {}", out.display());
-            metrics.write_svg(&out.join("loss.svg"), &title)?;
+            let eval = self
+                .held_out
+                .as_ref()
+                .map_or(&[][..], |(_, log)| log.rows());
+            metrics.write_svg(&out.join("loss.svg"), &title, eval)?;
         }
         self.progress
             .bar
@@ -313,6 +375,9 @@ pub fn train<B: TrainBackend>(
     while !run.done() {
         let row = run.step()?;
         run.log(row)?;
+        if run.eval_due() {
+            run.evaluate()?;
+        }
         if run.checkpoint_due() {
             run.checkpoint()?;
         }
@@ -413,6 +478,26 @@ fn extend(
         );
     }
     resolved_text(config)
+}
+
+/// The held-out rows and `eval.csv`, with `[eval]`.
+fn held_out(
+    config: &RunConfig,
+    inputs: &RunInputs,
+    teachers: &[String],
+    step: u64,
+) -> Result<Option<(HeldOut, EvalLog)>> {
+    let Some(rows) = HeldOut::build(config, inputs)? else {
+        return Ok(None);
+    };
+    tracing::info!(
+        "held-out: {} rows, {} student tokens, every {} steps",
+        rows.batches.iter().map(|b| b.rows).sum::<usize>(),
+        rows.tokens,
+        config.eval.as_ref().map_or(0, |e| e.every)
+    );
+    let log = EvalLog::open(&config.output_dir.join("eval.csv"), teachers, step)?;
+    Ok(Some((rows, log)))
 }
 
 /// Writes `text` to `path` through a temporary file renamed into place.

@@ -412,6 +412,45 @@ fn measure<B: TrainBackend>(
     })
 }
 
+/// Held-out values of `batches`: the student's cross-entropy (mean over every CE position) and
+/// each teacher's `L_m` (mean over every compared chunk), without a graph and without touching
+/// any parameter.
+pub fn held_out<B: TrainBackend>(
+    student: &Transformer<B>,
+    teachers: &[Teacher<B>],
+    batches: &[MicroBatch],
+    setup: &LossSetup,
+    device: &B::Device,
+) -> Result<(f64, Vec<f64>)> {
+    let setup = LossSetup {
+        dynamic_scaling: true,
+        ..setup.clone()
+    };
+    let mut total = Sums::zero(teachers.len());
+    for micro in batches {
+        let targets = targets(teachers, micro, &setup, device)?;
+        let values = measure(student, teachers, &targets, micro, &setup, device)?;
+        let counts = Sums::counts(micro);
+        total.ce.0 += values.ce * counts.ce.1;
+        total.ce.1 += counts.ce.1;
+        for ((sum, count), v) in total
+            .teachers
+            .iter_mut()
+            .zip(&counts.teachers)
+            .zip(&values.teachers)
+        {
+            sum[LOSS] += v.loss * count[CHUNKS];
+            sum[CHUNKS] += count[CHUNKS];
+        }
+    }
+    let teachers = total
+        .teachers
+        .iter()
+        .map(|t| Sums::mean(t[LOSS], t[CHUNKS]))
+        .collect();
+    Ok((Sums::mean(total.ce.0, total.ce.1), teachers))
+}
+
 fn scalar<B: burn::tensor::backend::Backend>(t: Tensor<B, 1>) -> f64 {
     t.into_scalar().elem::<f64>()
 }

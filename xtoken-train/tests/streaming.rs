@@ -53,11 +53,37 @@ fn metric_columns(run: &Path) -> Vec<Vec<String>> {
 #[test]
 fn a_mixture_of_three_formats_killed_and_resumed_ends_bit_identical() {
     let f = fixture("stream-kill");
-    let longer = |t: String| t.replace("steps = 6", "steps = 16");
+    let held_out = f.dir.0.join("held-out.txt");
+    std::fs::write(&held_out, problems(60)[50..].join("\n") + "\n").unwrap();
+    let eval = format!(
+        "\n[eval]\npath = \"{}\"\nevery = 4\nmax_tokens = 60\n",
+        held_out.display()
+    );
+    let longer = |t: String| t.replace("steps = 6", "steps = 16") + &eval;
     let straight = mixture_config(&f, "straight", longer);
-    ok(train(&straight, &[]));
+    let log = ok(train(&straight, &[]));
     let run = f.dir.0.join("straight");
     assert!(!run.join("data").exists(), "streaming writes no cache");
+    // Held-out evaluation every 4 steps, on the same rows each time.
+    assert!(log.contains("held-out: 3 rows"), "{log}");
+    assert!(log.contains("held-out after step 4: CE "), "{log}");
+    let evals = std::fs::read_to_string(run.join("eval.csv")).unwrap();
+    let steps: Vec<&str> = evals
+        .lines()
+        .skip(1)
+        .map(|l| &l[..l.find(',').unwrap()])
+        .collect();
+    assert_eq!(steps, ["4", "8", "12", "16"], "{evals}");
+    assert!(
+        evals.starts_with("step,ce,loss_digits,loss_same"),
+        "{evals}"
+    );
+    for line in evals.lines().skip(1) {
+        let v: Vec<f64> = line.split(',').map(|x| x.parse().unwrap()).collect();
+        assert!(v[1..].iter().all(|x| x.is_finite() && *x > 0.0), "{line}");
+    }
+    let svg = std::fs::read_to_string(run.join("loss.svg")).unwrap();
+    assert!(svg.contains("held-out CE") && svg.contains("held-out digits"));
 
     // The same run, killed once its step-4 checkpoint is in place.
     let killed = mixture_config(&f, "killed", longer);
@@ -79,6 +105,10 @@ fn a_mixture_of_three_formats_killed_and_resumed_ends_bit_identical() {
     let log = ok(train(&killed, &["--resume"]));
     assert!(log.contains("resuming from"), "{log}");
     assert_eq!(metric_columns(&run2), metric_columns(&run));
+    assert_eq!(
+        std::fs::read_to_string(run2.join("eval.csv")).unwrap(),
+        evals
+    );
     assert_eq!(metric_columns(&run).len(), 17);
     assert_eq!(
         std::fs::read(run.join("student/model.safetensors")).unwrap(),
