@@ -4,9 +4,9 @@
 //! No maintained Rust crate writes them, and the format is small: a file of records, each a
 //! little-endian u64 length, its masked CRC-32C, the bytes, and their masked CRC-32C; each record
 //! an `Event` protocol buffer (wall time, step, and a `Summary` of `(tag, simple_value)` pairs).
-//! The first record names the version, `brain.Event:2`. A resumed run starts its file with a
-//! `SessionLog` START at the resumed step, which makes TensorBoard drop the older file's later
-//! steps, as `metrics.csv` does.
+//! The first record names the version, `brain.Event:2`. A run resumed after step `s` starts its
+//! file with a `SessionLog` START at step `s + 1`, which makes TensorBoard drop the older file's
+//! steps from `s + 1` on (written after the checkpoint), as `metrics.csv` does.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -39,9 +39,9 @@ impl EventWriter {
         bytes_field(&mut version, 3, b"brain.Event:2");
         writer.record(&version)?;
         if start_step > 0 {
-            let mut start = event_head(now, start_step);
-            // SessionLog { status: START (1) } as field 6.
-            bytes_field(&mut start, 6, &[0x08, 0x01]);
+            let mut start = event_head(now, start_step + 1);
+            // SessionLog { status: START (1) } as field 7 (6 is the deprecated LogMessage).
+            bytes_field(&mut start, 7, &[0x08, 0x01]);
             writer.record(&start)?;
         }
         writer.flush()?;
@@ -171,7 +171,7 @@ mod tests {
         let recs = records(&path);
         assert_eq!(recs.len(), 3);
         assert!(recs[0].ends_with(b"\x1a\x0dbrain.Event:2"));
-        assert_eq!(recs[1][9..], [0x10, 3, 0x32, 2, 0x08, 0x01]);
+        assert_eq!(recs[1][9..], [0x10, 4, 0x3a, 2, 0x08, 0x01]);
         // Step 4, then Summary { value { tag, simple_value } × 2 }.
         let r = &recs[2];
         assert_eq!(r[0], 0x09);
