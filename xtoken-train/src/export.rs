@@ -77,7 +77,7 @@ fn replace_dir(out: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<Pa
 
 /// Copies the files that travel with a model (tokenizer files, chat template, generation and
 /// special-token configurations, a README) from `model` to `dir`: every file but `config.json`
-/// and the weights.
+/// and the weights (`model*`, `pytorch_model*`).
 pub fn copy_companions(model: &Path, dir: &Path) -> Result<Vec<String>> {
     let mut copied = Vec::new();
     let entries =
@@ -89,11 +89,7 @@ pub fn copy_companions(model: &Path, dir: &Path) -> Result<Vec<String>> {
             .unwrap_or_default()
             .to_string_lossy()
             .to_string();
-        let weights = name.starts_with("model")
-            || name.starts_with("pytorch_model")
-            || [".safetensors", ".bin", ".pt", ".pth", ".gguf"]
-                .iter()
-                .any(|ext| name.ends_with(ext));
+        let weights = name.starts_with("model") || name.starts_with("pytorch_model");
         if path.is_file() && name != "config.json" && !weights {
             std::fs::copy(&path, dir.join(&name))
                 .with_context(|| format!("copying {}", path.display()))?;
