@@ -167,6 +167,19 @@ impl DataPaths {
             DataPaths::Many(list) => list,
         }
     }
+
+    /// The key naming entry `i` in messages: `data.path`, or `data.path[i]` in a list.
+    pub fn key(&self, i: usize) -> String {
+        match self {
+            DataPaths::One(_) => "data.path".to_string(),
+            DataPaths::Many(_) => format!("data.path[{i}]"),
+        }
+    }
+
+    /// Whether an entry is a glob pattern (`*`, `?`, `[…]`) rather than a path.
+    pub fn is_glob(entry: &Path) -> bool {
+        entry.to_string_lossy().contains(['*', '?', '['])
+    }
 }
 
 impl From<PathBuf> for DataPaths {
@@ -797,16 +810,10 @@ impl RunConfig {
             return Err(Error::Config("data.path: the list is empty".into()));
         }
         for (i, entry) in entries.iter().enumerate() {
-            let key = match &d.path {
-                DataPaths::One(_) => "data.path".to_string(),
-                DataPaths::Many(_) => format!("data.path[{i}]"),
-            };
             // A name with an extension must be a data file's; one without may be a directory
             // that does not exist yet (found when the run starts).
-            let text = entry.to_string_lossy();
-            let pattern = text.contains(['*', '?', '[']);
-            if !pattern && entry.extension().is_some() && !entry.is_dir() {
-                DataFormat::of(entry).with_context(|| key.clone())?;
+            if !DataPaths::is_glob(entry) && entry.extension().is_some() && !entry.is_dir() {
+                DataFormat::of(entry).with_context(|| d.path.key(i))?;
             }
         }
         if let Some(weights) = &d.weights {
@@ -822,8 +829,7 @@ impl RunConfig {
             }
         }
         if self.cache_path().is_some() {
-            let single = matches!(entries, [one] if !one.is_dir()
-                && !one.to_string_lossy().contains(['*', '?', '[']));
+            let single = matches!(entries, [one] if !one.is_dir() && !DataPaths::is_glob(one));
             let format = if single {
                 self.data_format()?
             } else {

@@ -16,7 +16,6 @@ use crate::data::{DocumentReader, Source};
 use crate::error::{Context, Result};
 use crate::inputs::RunInputs;
 use crate::step::ScalingScope;
-use crate::teachers::audit_choice;
 
 /// A checked run and its plan.
 #[derive(Debug, Clone)]
@@ -174,9 +173,8 @@ fn teacher_plan(config: &RunConfig, inputs: &RunInputs, m: usize) -> Result<Teac
     let loss = match (settings.loss, &w) {
         (Some(kind), _) => (kind, None),
         (None, Some(w)) => {
-            let kind = audit_choice(settings, student, teacher, w, false);
             let report = xtoken_core::audit::audit(student, teacher, w, &Default::default());
-            (kind, Some(report.reason))
+            (report.recommendation, Some(report.reason))
         }
         (None, None) => unreachable!("auto always has W"),
     };

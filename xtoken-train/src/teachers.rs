@@ -153,7 +153,7 @@ impl<B: TrainBackend> Teacher<B> {
 }
 
 /// What `auto` resolves to: the coverage audit's recommendation, P-KL or H-KL.
-pub(crate) fn audit_choice(
+fn audit_choice(
     settings: &TeacherSettings,
     student: &Vocabulary,
     teacher: &Vocabulary,

@@ -1,14 +1,12 @@
 //! The background loader: whole optimizer steps assembled on their own thread, `prefetch`
 //! ahead of the training loop.
 
-use std::sync::mpsc::{sync_channel, Receiver};
-use std::thread::JoinHandle;
-
 use xtoken_core::plan::MergeVariant;
 
+use super::background::Background;
 use super::batch::{micro_batch, StepBatch};
 use super::packer::Packer;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// How the loader splits each global batch.
 #[derive(Debug, Clone, Copy)]
@@ -25,8 +23,7 @@ pub struct BatchShape {
 
 /// Assembles step batches on a background thread, `prefetch` ahead of the training loop.
 pub struct Loader {
-    receiver: Receiver<Result<StepBatch>>,
-    handle: Option<JoinHandle<()>>,
+    steps: Background<StepBatch>,
 }
 
 impl Loader {
@@ -37,54 +34,29 @@ impl Loader {
         variant: MergeVariant,
         prefetch: usize,
     ) -> Result<Self> {
-        let (sender, receiver) = sync_channel(prefetch);
-        let handle = std::thread::Builder::new()
-            .name("xtoken-loader".into())
-            .spawn(move || loop {
-                let step = (|| -> Result<StepBatch> {
-                    let mut mine = Vec::with_capacity(shape.global / shape.workers);
-                    for i in 0..shape.global {
-                        let row = packer.next_row()?;
-                        if i % shape.workers == shape.rank {
-                            mine.push(row);
-                        }
-                    }
-                    let micro = mine
-                        .chunks(shape.micro)
-                        .map(|rows| micro_batch(rows, variant))
-                        .collect::<Result<Vec<_>>>()?;
-                    Ok(StepBatch {
-                        micro,
-                        state_after: packer.state()?,
-                    })
-                })();
-                let failed = step.is_err();
-                if sender.send(step).is_err() || failed {
-                    return;
+        let next = move || -> Result<StepBatch> {
+            let mut mine = Vec::with_capacity(shape.global / shape.workers);
+            for i in 0..shape.global {
+                let row = packer.next_row()?;
+                if i % shape.workers == shape.rank {
+                    mine.push(row);
                 }
+            }
+            let micro = mine
+                .chunks(shape.micro)
+                .map(|rows| micro_batch(rows, variant))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(StepBatch {
+                micro,
+                state_after: packer.state()?,
             })
-            .map_err(|e| Error::Run(format!("starting the data loader thread: {e}")))?;
-        Ok(Loader {
-            receiver,
-            handle: Some(handle),
-        })
+        };
+        let steps = Background::spawn("xtoken-loader", "data loader", prefetch, next)?;
+        Ok(Loader { steps })
     }
 
     /// The next step's batch.
     pub fn next_step(&mut self) -> Result<StepBatch> {
-        match self.receiver.recv() {
-            Ok(step) => step,
-            Err(_) => Err(Error::Data("the data loader stopped".into())),
-        }
-    }
-}
-
-impl Drop for Loader {
-    fn drop(&mut self) {
-        // Disconnecting the channel fails the thread's next (or pending) send, which ends it.
-        if let Some(handle) = self.handle.take() {
-            drop(std::mem::replace(&mut self.receiver, sync_channel(1).1));
-            let _ = handle.join();
-        }
+        self.steps.recv()
     }
 }

@@ -30,6 +30,7 @@
 //!
 //! [`BatchPlan`]: xtoken_core::plan::BatchPlan
 
+mod background;
 pub mod batch;
 pub mod loader;
 pub mod packer;

@@ -40,15 +40,11 @@ pub struct Source {
 /// error naming it.
 pub fn sources(data: &DataConfig) -> Result<Vec<Source>> {
     let entries = data.path.entries();
-    let key = |i: usize| match &data.path {
-        DataPaths::One(_) => "data.path".to_string(),
-        DataPaths::Many(_) => format!("data.path[{i}]"),
-    };
     let expanded = entries
         .iter()
         .enumerate()
         .map(|(i, entry)| {
-            expand(entry).with_context(|| format!("{} = {}", key(i), entry.display()))
+            expand(entry).with_context(|| format!("{} = {}", data.path.key(i), entry.display()))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(match &data.weights {
@@ -76,9 +72,8 @@ pub fn sources(data: &DataConfig) -> Result<Vec<Source>> {
 
 /// The shards of one entry.
 pub fn expand(entry: &Path) -> Result<Vec<Shard>> {
-    let text = entry.to_string_lossy();
-    let mut files = if text.contains(['*', '?', '[']) {
-        glob_files(&text)?
+    let mut files = if DataPaths::is_glob(entry) {
+        glob_files(&entry.to_string_lossy())?
     } else if entry.is_dir() {
         let mut files = Vec::new();
         walk(entry, &mut files)?;

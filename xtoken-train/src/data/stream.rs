@@ -12,14 +12,13 @@
 //! `threads` worker threads (rayon), and hands them on in order through a bounded channel.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use xtoken_core::align::Workspace;
 
+use super::background::Background;
 use super::reader::{DocumentReader, RawDoc, TextExtractor};
 use super::sources::Source;
 use super::{AlignedText, Pipeline};
@@ -316,9 +315,8 @@ pub type StreamedDoc = (StreamCursor, AlignedText);
 
 /// Aligned documents in stream order, made on worker threads ahead of their use.
 pub struct AlignedStream {
-    receiver: Receiver<Result<Vec<StreamedDoc>>>,
+    batches: Background<Vec<StreamedDoc>>,
     buffer: VecDeque<StreamedDoc>,
-    handle: Option<JoinHandle<()>>,
 }
 
 impl AlignedStream {
@@ -335,34 +333,23 @@ impl AlignedStream {
             .thread_name(|i| format!("xtoken-align-{i}"))
             .build()
             .map_err(|e| Error::Run(format!("starting the alignment threads: {e}")))?;
-        let (sender, receiver) = sync_channel(ahead.max(1));
-        let handle = std::thread::Builder::new()
-            .name("xtoken-stream".into())
-            .spawn(move || {
-                let mut blank = 0usize;
-                loop {
-                    let batch = read_batch(&mut stream).and_then(|raw| {
-                        let read = raw.len();
-                        let aligned = pool.install(|| align_batch(&pipeline, raw))?;
-                        blank = if aligned.is_empty() { blank + read } else { 0 };
-                        if blank > BLANK_LIMIT {
-                            return Err(Error::Data(format!(
-                                "the last {blank} documents of the training data have no text"
-                            )));
-                        }
-                        Ok(aligned)
-                    });
-                    let failed = batch.is_err();
-                    if sender.send(batch).is_err() || failed {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| Error::Run(format!("starting the data stream thread: {e}")))?;
+        let mut blank = 0usize;
+        let next = move || {
+            let raw = read_batch(&mut stream)?;
+            let read = raw.len();
+            let aligned = pool.install(|| align_batch(&pipeline, raw))?;
+            blank = if aligned.is_empty() { blank + read } else { 0 };
+            if blank > BLANK_LIMIT {
+                return Err(Error::Data(format!(
+                    "the last {blank} documents of the training data have no text"
+                )));
+            }
+            Ok(aligned)
+        };
+        let batches = Background::spawn("xtoken-stream", "data stream", ahead, next)?;
         Ok(AlignedStream {
-            receiver,
+            batches,
             buffer: VecDeque::new(),
-            handle: Some(handle),
         })
     }
 
@@ -372,20 +359,7 @@ impl AlignedStream {
             if let Some(doc) = self.buffer.pop_front() {
                 return Ok(doc);
             }
-            match self.receiver.recv() {
-                Ok(batch) => self.buffer.extend(batch?),
-                Err(_) => return Err(Error::Data("the data stream stopped".into())),
-            }
-        }
-    }
-}
-
-impl Drop for AlignedStream {
-    fn drop(&mut self) {
-        // Disconnecting the channel fails the thread's next send, which ends it.
-        if let Some(handle) = self.handle.take() {
-            drop(std::mem::replace(&mut self.receiver, sync_channel(1).1));
-            let _ = handle.join();
+            self.buffer.extend(self.batches.recv()?);
         }
     }
 }
