@@ -13,9 +13,11 @@
 //! # Ok::<(), xtoken_models::ModelError>(())
 //! ```
 
+pub mod cache;
 pub mod checkpoint;
 pub mod config;
 mod error;
+pub mod generate;
 mod hub;
 pub mod llama;
 pub mod model;
@@ -27,9 +29,11 @@ pub mod rope;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
 
+pub use cache::KvCache;
 pub use checkpoint::SaveDtype;
 pub use config::{Architecture, Family, HfConfig};
 pub use error::{ModelError, Result};
+pub use generate::Greedy;
 pub use hub::LoadOptions;
 pub use model::Transformer;
 pub use recompute::Backward;

@@ -197,21 +197,52 @@ impl<B: Backend> Attention<B> {
         tables: &RopeTables<B>,
         mask: Option<&Tensor<B, 4, Bool>>,
     ) -> Tensor<B, 3> {
-        let [batch, len, _] = x.dims();
-        let (q, k, v) = self.project(x);
-        let q = rope::apply(self.heads(q, self.num_heads, self.q_norm.as_ref()), tables);
-        let k = rope::apply(
-            self.heads(k, self.num_kv_heads, self.k_norm.as_ref()),
-            tables,
+        let (cos, sin) = (
+            tables.cos.clone().unsqueeze(),
+            tables.sin.clone().unsqueeze(),
         );
-        let v = self.heads(v, self.num_kv_heads, None);
+        let (q, k, v) = self.rotated(x, &cos, &sin);
+        self.attend(q, k, v, mask, mask.is_none())
+    }
+
+    /// Queries `[batch, heads, len, head_dim]`, keys and values `[batch, kv_heads, len,
+    /// head_dim]`, rotated by `cos`/`sin` (`[1 or batch, 1, len, rotary_dim / 2]`).
+    pub(crate) fn rotated(
+        &self,
+        x: Tensor<B, 3>,
+        cos: &Tensor<B, 4>,
+        sin: &Tensor<B, 4>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+        let (q, k, v) = self.project(x);
+        let q = self.heads(q, self.num_heads, self.q_norm.as_ref());
+        let k = self.heads(k, self.num_kv_heads, self.k_norm.as_ref());
+        (
+            rope::rotate(q, cos, sin),
+            rope::rotate(k, cos, sin),
+            self.heads(v, self.num_kv_heads, None),
+        )
+    }
+
+    /// Attention of `q` over `k`/`v` (which may hold more positions than `q`, from a cache),
+    /// then the output projection. `mask` is `true` where a query may not see a key; `causal`
+    /// (without a mask) lets query `i` see keys `0..=i` only, else every key is seen.
+    pub(crate) fn attend(
+        &self,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        mask: Option<&Tensor<B, 4, Bool>>,
+        causal: bool,
+    ) -> Tensor<B, 3> {
+        let [batch, _, len, _] = q.dims();
+        let keys = k.dims()[2];
         let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
         let options = AttentionModuleOptions {
             scale: None,
             softcap: None,
-            is_causal: mask.is_none(),
+            is_causal: causal && mask.is_none(),
         };
-        let mask = mask.map(|m| m.clone().expand([batch, self.num_heads, len, len]));
+        let mask = mask.map(|m| m.clone().expand([batch, self.num_heads, len, keys]));
         let out = attention(q, k, v, mask, None, options);
         let out = out
             .swap_dims(1, 2)
@@ -431,6 +462,35 @@ fn check_right_padding(padded: &[bool], len: usize) -> Result<()> {
     Ok(())
 }
 
+/// Every id is in the vocabulary (an out-of-range id would index past the embedding); one small
+/// host read (B·T ids) both checks and, on failure, locates the bad id.
+pub(crate) fn check_ids<B: Backend>(
+    architecture: &Architecture,
+    ids: &Tensor<B, 2, Int>,
+) -> Result<()> {
+    let len = ids.dims()[1];
+    let vocab = architecture.vocab_size;
+    let values = ids
+        .clone()
+        .into_data()
+        .convert::<i64>()
+        .into_vec::<i64>()
+        .map_err(|e| ModelError::Shape {
+            what: "input ids",
+            expected: "integer values".into(),
+            found: format!("{e:?}"),
+        })?;
+    if let Some(at) = values.iter().position(|&id| id < 0 || id >= vocab as i64) {
+        return Err(ModelError::TokenId {
+            sequence: at / len,
+            position: at % len,
+            id: values[at],
+            vocab,
+        });
+    }
+    Ok(())
+}
+
 impl Pass {
     /// Checks that there are ids, no more positions than the model was trained for (before the
     /// `[B, H, T, T]` attention is allocated), that they are in the vocabulary (an out-of-range id
@@ -455,26 +515,7 @@ impl Pass {
                 limit: architecture.max_position_embeddings,
             });
         }
-        // One small host read (B·T ids) both checks and, on failure, locates the bad id.
-        let vocab = architecture.vocab_size;
-        let values = ids
-            .clone()
-            .into_data()
-            .convert::<i64>()
-            .into_vec::<i64>()
-            .map_err(|e| ModelError::Shape {
-                what: "input ids",
-                expected: "integer values".into(),
-                found: format!("{e:?}"),
-            })?;
-        if let Some(at) = values.iter().position(|&id| id < 0 || id >= vocab as i64) {
-            return Err(ModelError::TokenId {
-                sequence: at / len,
-                position: at % len,
-                id: values[at],
-                vocab,
-            });
-        }
+        check_ids(architecture, ids)?;
         let padded = match padding {
             None => None,
             Some(padding) if padding.dims() != [batch, len] => {

@@ -112,22 +112,41 @@ impl Rope {
         }
     }
 
-    pub fn tables<B: Backend>(&self, len: usize, device: &B::Device) -> RopeTables<B> {
-        let (inverse, scale) = self.inverse_frequencies(len);
+    /// `cos` and `sin` at given positions, `[rows, 1, len, rotary_dim / 2]` for `positions`
+    /// laid out `[rows, len]`; the frequencies are those of a pass over `span` positions (which
+    /// LongRoPE's choice of factors depends on).
+    pub fn tables_at<B: Backend>(
+        &self,
+        positions: &[usize],
+        rows: usize,
+        span: usize,
+        device: &B::Device,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let (inverse, scale) = self.inverse_frequencies(span);
         let half = inverse.len();
-        let mut cos = Vec::with_capacity(len * half);
-        let mut sin = Vec::with_capacity(len * half);
-        for position in 0..len {
+        let len = positions.len() / rows.max(1);
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &position in positions {
             for &f in &inverse {
-                // HF multiplies in f32 before taking cos/sin; do the same so long contexts agree.
                 let angle = (position as f32 * f) as f64;
                 cos.push((angle.cos() as f32) * scale);
                 sin.push((angle.sin() as f32) * scale);
             }
         }
+        (
+            Tensor::from_data(TensorData::new(cos, [rows, 1, len, half]), device),
+            Tensor::from_data(TensorData::new(sin, [rows, 1, len, half]), device),
+        )
+    }
+
+    pub fn tables<B: Backend>(&self, len: usize, device: &B::Device) -> RopeTables<B> {
+        let positions: Vec<usize> = (0..len).collect();
+        let (cos, sin) = self.tables_at::<B>(&positions, 1, len, device);
+        let half = cos.dims()[3];
         RopeTables {
-            cos: Tensor::from_data(TensorData::new(cos, [len, half]), device),
-            sin: Tensor::from_data(TensorData::new(sin, [len, half]), device),
+            cos: cos.reshape([len, half]),
+            sin: sin.reshape([len, half]),
         }
     }
 }
@@ -135,14 +154,21 @@ impl Rope {
 /// Rotates the first `2 · cos.dims()[1]` channels of `x` `[batch, heads, len, head_dim]`:
 /// `(x₁, x₂) ↦ (x₁·cos − x₂·sin, x₂·cos + x₁·sin)`, the rest pass through.
 pub fn apply<B: Backend>(x: Tensor<B, 4>, tables: &RopeTables<B>) -> Tensor<B, 4> {
-    let [batch, heads, len, head_dim] = x.dims();
-    let [_, half] = tables.cos.dims();
     let cos = tables.cos.clone().unsqueeze::<4>();
     let sin = tables.sin.clone().unsqueeze::<4>();
+    rotate(x, &cos, &sin)
+}
+
+/// [`apply`] with tables of any leading shape that broadcasts against `x`: `[1, 1, len, half]`
+/// for positions shared by every row, `[batch, 1, len, half]` for positions of each row's own
+/// (left-padded rows in a KV cache).
+pub fn rotate<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
+    let [batch, heads, len, head_dim] = x.dims();
+    let half = cos.dims()[3];
     let first = x.clone().narrow(3, 0, half);
     let second = x.clone().narrow(3, half, half);
     let rotated_first = first.clone() * cos.clone() - second.clone() * sin.clone();
-    let rotated_second = second * cos + first * sin;
+    let rotated_second = second * cos.clone() + first * sin.clone();
     let mut parts = vec![rotated_first, rotated_second];
     if 2 * half < head_dim {
         parts.push(x.narrow(3, 2 * half, head_dim - 2 * half));

@@ -70,14 +70,28 @@ pub struct RunConfig {
     pub eval: Option<EvalConfig>,
 }
 
-/// Held-out evaluation: the same packed rows of held-out text, evaluated without a gradient
-/// every `every` steps and after the last one.
+/// Evaluation during training, every `every` steps and after the last one: the same packed rows
+/// of held-out text evaluated without a gradient, and benchmarks scored as `xtoken eval` scores
+/// them. At least one of `path` and `tasks`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EvalConfig {
     /// The held-out text: a file, a directory, a glob or a list of them, as `data.path` (its
     /// `data.text_field`).
-    pub path: DataPaths,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<DataPaths>,
+    /// Benchmarks to score (`xtoken eval`'s tasks: mmlu, gsm8k, math, winogrande, hellaswag).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<String>,
+    /// Their files, as `xtoken eval --data`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_data: Option<PathBuf>,
+    /// Documents scored per task (per subject for MMLU and MATH) at most; default: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_limit: Option<usize>,
+    /// Solved examples per benchmark prompt.
+    #[serde(default = "defaults::eval_shots")]
+    pub tasks_shots: usize,
     /// Steps between evaluations.
     #[serde(default = "defaults::eval_every")]
     pub every: u64,
@@ -320,6 +334,9 @@ mod defaults {
     pub fn eval_every() -> u64 {
         1000
     }
+    pub fn eval_shots() -> usize {
+        3
+    }
     pub fn eval_tokens() -> u64 {
         1 << 20
     }
@@ -559,8 +576,22 @@ impl RunConfig {
         if let Some(eval) = &self.eval {
             at_least_one("eval.every", eval.every)?;
             at_least_one("eval.max_tokens", eval.max_tokens)?;
-            if eval.path.entries().is_empty() {
+            if eval.path.as_ref().is_some_and(|p| p.entries().is_empty()) {
                 return Err(Error::Config("eval.path: the list is empty".into()));
+            }
+            if eval.path.is_none() && eval.tasks.is_empty() {
+                return Err(Error::Config(
+                    "[eval]: give `path` (held-out text), `tasks` (benchmarks) or both".into(),
+                ));
+            }
+            for (i, task) in eval.tasks.iter().enumerate() {
+                crate::harness::tasks::named(task)
+                    .map_err(|e| Error::Config(format!("eval.tasks[{i}]: {e}")))?;
+            }
+            if !eval.tasks.is_empty() && eval.tasks_data.is_none() {
+                return Err(Error::Config(
+                    "eval.tasks_data: the benchmarks' files are needed with eval.tasks".into(),
+                ));
             }
         }
         at_least_one("data.prefetch", self.data.prefetch as u64)?;

@@ -22,13 +22,18 @@ pub struct HeldOut {
 
 impl HeldOut {
     /// Packs `eval.path`'s text into rows of `context_length` until `eval.max_tokens` (or the
-    /// end of the text's first pass) and lays them out in micro-batches; `None` without `[eval]`.
+    /// end of the text's first pass) and lays them out in micro-batches; `None` without
+    /// `eval.path`.
     pub fn build(config: &RunConfig, inputs: &RunInputs) -> Result<Option<Self>> {
-        let Some(eval) = &config.eval else {
+        let Some((eval, path)) = config
+            .eval
+            .as_ref()
+            .and_then(|e| e.path.as_ref().map(|p| (e, p)))
+        else {
             return Ok(None);
         };
         let data = DataConfig {
-            path: eval.path.clone(),
+            path: path.clone(),
             weights: None,
             cache: None,
             ..config.data.clone()

@@ -48,13 +48,24 @@ pub fn export_checkpoint<B: Backend>(
     out: &Path,
     device: &B::Device,
 ) -> Result<(PathBuf, u64)> {
-    let state = checkpoint::verified(dir)?;
     let dtype = dtype_of::<B>(config.student_dtype()?, device);
+    let (student, step) = checkpoint_student::<B>(config, dir, dtype, device)?;
+    let written = replace_dir(out, |tmp| write_student(config, &student, tmp))?;
+    Ok((written, step))
+}
+
+/// The student of the checkpoint `dir` (its manifest verified) of the run `config` describes,
+/// with parameters of `dtype` on `device`, and the checkpoint's step.
+pub fn checkpoint_student<B: Backend>(
+    config: &RunConfig,
+    dir: &Path,
+    dtype: burn::tensor::DType,
+    device: &B::Device,
+) -> Result<(Transformer<B>, u64)> {
+    let state = checkpoint::verified(dir)?;
     let student = Transformer::<B>::load_with(&config.student.model, LoadOptions { dtype }, device)
         .context("the student's architecture")?;
-    let student = checkpoint::load_student(dir, student, device)?;
-    let written = replace_dir(out, |tmp| write_student(config, &student, tmp))?;
-    Ok((written, state.step))
+    Ok((checkpoint::load_student(dir, student, device)?, state.step))
 }
 
 /// Writes a directory through `<out>.tmp` renamed into place.

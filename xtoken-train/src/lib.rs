@@ -14,6 +14,8 @@
 //!   distillation losses, accumulation, averaging over workers, clipping, AdamW);
 //! - [`run`]: a run in named stages ([`Run::open`], [`Run::step`], [`Run::log`],
 //!   [`Run::checkpoint`], [`Run::export`]), and [`train`] to run them all;
+//! - [`harness`]: the paper's benchmarks (MMLU, GSM8k, MATH, WinoGrande, HellaSwag) scored as
+//!   lm-evaluation-harness scores them;
 //! - [`checkpoint`], [`metrics`], [`optim`], [`schedule`], [`parallel`];
 //! - [`launch`]: a run on the devices it names, one worker or data-parallel ones, in one
 //!   process or as one of several ([`cluster`]: placement from torchrun's or srun's variables,
@@ -63,6 +65,7 @@ pub mod data;
 pub mod error;
 pub mod eval;
 pub mod export;
+pub mod harness;
 pub mod inputs;
 pub mod launch;
 pub mod machine;

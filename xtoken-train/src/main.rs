@@ -25,6 +25,7 @@ fn main() -> ExitCode {
         Command::Logits(args) => cli::models::logits(args),
         Command::Convert(args) => cli::models::convert(args),
         Command::Export(args) => cli::models::export(args),
+        Command::Eval(args) => cli::eval::run(args),
         Command::Bench(command) => bench::run(command),
     };
     match result {

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Context, Error, Result};
 use crate::eval::EvalRow;
+use crate::harness::report::TaskReport;
 use crate::tensorboard::EventWriter;
 
 /// One step's numbers.
@@ -166,6 +167,19 @@ impl MetricsLog {
     #[cfg(test)]
     pub fn rows(&self) -> &[StepMetrics] {
         &self.rows
+    }
+
+    /// Benchmark results as TensorBoard scalars (`benchmark/<task>/<metric>`).
+    pub fn push_benchmarks(&mut self, step: u64, reports: &[TaskReport]) -> Result<()> {
+        let scalars: Vec<(String, f64)> = reports
+            .iter()
+            .flat_map(|r| {
+                r.metrics
+                    .iter()
+                    .map(move |m| (format!("benchmark/{}/{}", r.task, m.name), m.value))
+            })
+            .collect();
+        self.events.scalars(step, &scalars)
     }
 
     /// An evaluation's values as TensorBoard scalars (`eval/ce`, `eval/teacher/<name>/loss`).

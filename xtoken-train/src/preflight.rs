@@ -90,9 +90,9 @@ pub fn check(config: &RunConfig, workers: usize) -> Result<Preflight> {
         .iter()
         .map(read_first_documents(&config.data.text_field))
         .collect::<Result<Vec<_>>>()?;
-    if let Some(eval) = &config.eval {
+    if let Some(path) = config.eval.as_ref().and_then(|e| e.path.as_ref()) {
         let data = crate::config::DataConfig {
-            path: eval.path.clone(),
+            path: path.clone(),
             weights: None,
             ..config.data.clone()
         };

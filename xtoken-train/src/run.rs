@@ -25,6 +25,7 @@ use crate::data::{AlignedStream, BatchShape, DocumentStream, Feed, Loader, Loade
 use crate::error::{Context, Error, Result};
 use crate::eval::{EvalLog, EvalRow, HeldOut};
 use crate::export::{export_trained, write_student};
+use crate::harness::training::TrainingBenchmarks;
 use crate::inputs::RunInputs;
 use crate::metrics::{MetricsLog, StepMetrics};
 use crate::optim::Trainable;
@@ -74,8 +75,10 @@ pub struct Run<B: TrainBackend> {
     clock: (Instant, f64),
     /// The step this process stops after.
     last: u64,
-    /// The held-out rows and their log (lead worker, with `[eval]`).
+    /// The held-out rows and their log (lead worker, with `eval.path`).
     held_out: Option<(HeldOut, EvalLog)>,
+    /// The benchmarks (lead worker, with `eval.tasks`).
+    benchmarks: Option<TrainingBenchmarks>,
     /// The configuration run.toml takes with the next checkpoint (a resumed run that changed
     /// some of it), so that it never runs ahead of the checkpoint that goes with it.
     pending_run_toml: Option<String>,
@@ -137,6 +140,10 @@ impl<B: TrainBackend> Run<B> {
             true => held_out(&config, &inputs, &names, state.step)?,
             false => None,
         };
+        let benchmarks = match lead {
+            true => TrainingBenchmarks::open(&config, state.step)?,
+            false => None,
+        };
         let accum = config.grad_accum(worker.count)?;
         let loader = start_loader(&config, &inputs, &worker, state.loader.clone())?;
         let t = &config.training;
@@ -156,23 +163,64 @@ impl<B: TrainBackend> Run<B> {
             last,
             pending_run_toml,
             held_out,
+            benchmarks,
             config,
         })
     }
 
-    /// Whether the lead worker evaluates the held-out rows after the current step: every
-    /// `eval.every` steps and after the last one.
+    /// Whether the lead worker evaluates after the current step: every `eval.every` steps and
+    /// after the last one.
     pub fn eval_due(&self) -> bool {
         let step = self.state.step;
-        match (&self.config.eval, &self.held_out) {
-            (Some(eval), Some(_)) => step % eval.every == 0 || step == self.last,
+        let lead = self.held_out.is_some() || self.benchmarks.is_some();
+        match &self.config.eval {
+            Some(eval) if lead => step % eval.every == 0 || step == self.last,
             _ => false,
         }
     }
 
-    /// Evaluates the held-out rows (lead worker, with `[eval]`): logs the values and records
-    /// them in `eval.csv` and the TensorBoard file.
+    /// Evaluates the student (lead worker, with `[eval]`): the held-out rows, whose values are
+    /// logged and recorded in `eval.csv` and the TensorBoard file (and returned), then the
+    /// benchmarks, recorded in `benchmarks.csv` and the TensorBoard file.
     pub fn evaluate(&mut self) -> Result<Option<EvalRow>> {
+        let row = self.evaluate_held_out()?;
+        self.score_benchmarks()?;
+        Ok(row)
+    }
+
+    fn score_benchmarks(&mut self) -> Result<()> {
+        let Some(benchmarks) = self.benchmarks.as_mut() else {
+            return Ok(());
+        };
+        let step = self.state.step;
+        let student = self.trainable.student.valid();
+        let reports = self
+            .progress
+            .bar
+            .suspend(|| benchmarks.score(step, &student))
+            .with_context(|| format!("scoring the benchmarks after step {step}"))?;
+        if let Some(metrics) = self.metrics.as_mut() {
+            metrics.push_benchmarks(step, &reports)?;
+        }
+        let scores: Vec<String> = reports
+            .iter()
+            .filter_map(|r| {
+                let m = r.headline_metric()?;
+                Some(format!(
+                    "{} {} {:.2} ± {:.2}",
+                    r.task,
+                    m.name,
+                    100.0 * m.value,
+                    100.0 * m.stderr
+                ))
+            })
+            .collect();
+        let line = format!("benchmarks after step {step}: {}", scores.join(" · "));
+        self.progress.bar.suspend(|| tracing::info!("{line}"));
+        Ok(())
+    }
+
+    fn evaluate_held_out(&mut self) -> Result<Option<EvalRow>> {
         let Some((rows, log)) = self.held_out.as_mut() else {
             return Ok(None);
         };

@@ -203,3 +203,81 @@ fn check_reads_everything_and_trains_nothing() {
         "{err}"
     );
 }
+
+/// `[eval] tasks`: the student scored on benchmarks every `every` steps and after the last, the
+/// results logged, in `benchmarks.csv` and kept up to the step of a resumed run; `xtoken eval`
+/// scores a checkpoint the same way; a task that does not exist is named before anything loads.
+#[test]
+fn benchmarks_are_scored_during_training_and_on_checkpoints() {
+    let f = fixture("bench-eval");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harness/data");
+    let eval = |tasks: &str| {
+        format!(
+            "\n[eval]\ntasks = {tasks}\ntasks_data = \"{}\"\ntasks_limit = 1\nevery = 4\n",
+            data.display()
+        )
+    };
+    let path = config(&f, "bench", &eval(r#"["winogrande", "gsm8k"]"#));
+    let log = ok(train(&path, &["--stop-after", "4"]));
+    assert!(
+        log.contains("benchmarks: winogrande, gsm8k (2 documents, 3-shot)"),
+        "{log}"
+    );
+    assert!(
+        log.contains("benchmarks after step 4: winogrande acc "),
+        "{log}"
+    );
+    let log = ok(train(&path, &["--resume"]));
+    assert!(log.contains("benchmarks after step 6: "), "{log}");
+    let run = f.dir.0.join("bench");
+    let csv = std::fs::read_to_string(run.join("benchmarks.csv")).unwrap();
+    let rows: Vec<(&str, &str)> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let mut fields = l.split(',');
+            (fields.next().unwrap(), fields.next().unwrap())
+        })
+        .collect();
+    let expected = [("4", "winogrande"), ("4", "gsm8k"), ("4", "gsm8k")];
+    let after = [("6", "winogrande"), ("6", "gsm8k"), ("6", "gsm8k")];
+    assert_eq!(rows, [&expected[..], &after[..]].concat(), "{csv}");
+    assert!(
+        csv.contains("4,gsm8k,\"exact_match,strict-match\","),
+        "{csv}"
+    );
+
+    let checkpoint = run.join("checkpoints/step-00000006");
+    let out = xtoken(&[
+        "eval",
+        "--model",
+        checkpoint.to_str().unwrap(),
+        "--tasks",
+        "winogrande",
+        "--data",
+        data.to_str().unwrap(),
+        "--limit",
+        "1",
+        "--json",
+    ]);
+    let err = ok(out.clone());
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["tasks"][0]["task"], "winogrande", "{err}");
+    let logged: f64 = csv
+        .lines()
+        .nth(4)
+        .unwrap()
+        .split(',')
+        .nth(3)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        json["tasks"][0]["metrics"][0]["value"].as_f64().unwrap(),
+        logged
+    );
+
+    let bad = config(&f, "bad", &eval(r#"["winogrande", "arc"]"#));
+    let err = String::from_utf8_lossy(&train(&bad, &[]).stderr).into_owned();
+    assert!(err.contains("eval.tasks[1]: unknown task `arc`"), "{err}");
+}

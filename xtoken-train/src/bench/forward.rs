@@ -29,7 +29,7 @@ pub enum Preset {
 }
 
 impl Preset {
-    fn architecture(self) -> Architecture {
+    pub(crate) fn architecture(self) -> Architecture {
         match self {
             Preset::Llama100m => Architecture::llama(32_000, 768, 2048, 12, 12, 4),
             Preset::Llama1b => {
@@ -45,7 +45,7 @@ impl Preset {
         }
     }
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Preset::Llama100m => "Llama-shaped 100M",
             Preset::Llama1b => "Llama-3.2-1B-shaped",

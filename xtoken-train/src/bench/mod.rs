@@ -6,6 +6,7 @@ pub mod align;
 pub mod alloc;
 mod corpora;
 pub mod data;
+pub mod eval;
 #[cfg(feature = "collective")]
 pub mod exchange;
 pub mod forward;
@@ -30,6 +31,9 @@ pub enum BenchCommand {
     /// Forward + backward time and peak memory of P-KL and H-KL on CPU (ndarray): the fused,
     /// row-chunked losses against a naive composition of burn tensor ops.
     Loss(loss::LossBenchArgs),
+    /// `xtoken eval`'s documents/s per task on a random model of a real shape with a real
+    /// tokenizer, and greedy generation with the KV cache against recomputation.
+    Eval(eval::EvalBenchArgs),
     /// Forward and forward+backward tokens/s and peak memory of a random Llama-shaped model on
     /// CPU (ndarray), with and without activation checkpointing.
     Forward(forward::ForwardBenchArgs),
@@ -53,6 +57,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Align(args) => align::run(args),
         BenchCommand::Data(args) => data::run(args),
         BenchCommand::Loss(args) => loss::run(args),
+        BenchCommand::Eval(args) => eval::run(args),
         BenchCommand::Forward(args) => forward::run(args),
         BenchCommand::Kernels(args) => kernels::run(args),
         BenchCommand::Train(args) => train::run(args),

@@ -3,6 +3,7 @@
 pub mod align;
 pub mod audit;
 pub mod demo;
+pub mod eval;
 pub mod models;
 pub mod projection;
 pub mod train;
@@ -58,6 +59,9 @@ pub enum Command {
     /// Write the student of a training checkpoint as a Hugging Face directory (with its
     /// tokenizer, chat template and generation configuration).
     Export(models::ExportArgs),
+    /// The paper's benchmarks (3-shot MMLU, GSM8k, MATH, WinoGrande, HellaSwag) from local
+    /// copies of the datasets, scored as lm-evaluation-harness scores them.
+    Eval(eval::EvalArgs),
     /// Benchmarks that print Markdown tables for BENCHMARKS.md.
     #[command(subcommand)]
     Bench(BenchCommand),

@@ -1,0 +1,169 @@
+//! Decoding with a key/value cache: each layer keeps the rotated keys and the values of every
+//! position seen so far, so generating a token costs one position's forward pass instead of the
+//! whole sequence's.
+//!
+//! Rows of a batch may hold prompts of different lengths: they are padded on the **left**, and
+//! each row's positions count from its first real token, so a row's logits do not depend on
+//! its neighbours. Padded slots are hidden from every query.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+
+use crate::error::{ModelError, Result};
+use crate::model::{check_ids, DecoderLayer, Transformer};
+
+/// The keys and values of one batch of rows, for every layer.
+#[derive(Clone, Debug)]
+pub struct KvCache<B: Backend> {
+    /// Per layer: keys and values `[rows, kv_heads, slots, head_dim]`.
+    layers: Vec<Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
+    /// Per row: the slot of its first real token (the left padding before it).
+    starts: Vec<usize>,
+    slots: usize,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// An empty cache for rows whose first `starts[r]` slots will be left padding.
+    pub fn new(starts: Vec<usize>) -> Self {
+        KvCache {
+            layers: Vec::new(),
+            starts,
+            slots: 0,
+        }
+    }
+
+    /// The rows it holds.
+    pub fn rows(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// Slots filled so far (padding included).
+    pub fn len(&self) -> usize {
+        self.slots
+    }
+
+    /// Whether nothing has been fed yet.
+    pub fn is_empty(&self) -> bool {
+        self.slots == 0
+    }
+
+    /// The position (0 at a row's first real token) of slot `past + i` in each row, `[rows, n]`
+    /// row-major; padding slots read 0 (they are masked).
+    fn positions(&self, n: usize) -> Vec<usize> {
+        let past = self.slots;
+        self.starts
+            .iter()
+            .flat_map(|&start| (0..n).map(move |i| (past + i).saturating_sub(start)))
+            .collect()
+    }
+
+    /// `[rows, 1, n, past + n]`, `true` where a new query may not see a key: the future, left
+    /// padding and keys beyond the sliding window. `None` (with whether plain causal masking
+    /// applies) when no key needs hiding beyond that.
+    fn mask(&self, n: usize, window: Option<usize>, device: &B::Device) -> Mask<B> {
+        let past = self.slots;
+        let total = past + n;
+        let window = window.filter(|&w| w < total);
+        let padded = self.starts.iter().any(|&s| s > 0);
+        if !padded && window.is_none() && (past == 0 || n == 1) {
+            // A fresh pass is causal; a single new query sees every cached key.
+            return Mask {
+                mask: None,
+                causal: past == 0,
+            };
+        }
+        let mut masked = Vec::with_capacity(self.rows() * n * total);
+        for &start in &self.starts {
+            for i in 0..n {
+                let query = past + i;
+                for key in 0..total {
+                    let outside_window = window.is_some_and(|w| key + w <= query);
+                    masked.push(key > query || key < start || outside_window);
+                }
+            }
+        }
+        Mask {
+            mask: Some(Tensor::from_data(
+                TensorData::new(masked, [self.rows(), 1, n, total]),
+                device,
+            )),
+            causal: false,
+        }
+    }
+}
+
+struct Mask<B: Backend> {
+    mask: Option<Tensor<B, 4, Bool>>,
+    causal: bool,
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    fn forward_cached(
+        &self,
+        x: Tensor<B, 3>,
+        rotation: (&Tensor<B, 4>, &Tensor<B, 4>),
+        mask: &Mask<B>,
+        cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+    ) -> Tensor<B, 3> {
+        let attention = &self.self_attn;
+        let (q, k, v) = attention.rotated(
+            self.input_layernorm.forward(x.clone()),
+            rotation.0,
+            rotation.1,
+        );
+        let (k, v) = match cache.take() {
+            Some((past_k, past_v)) => (
+                Tensor::cat(vec![past_k, k], 2),
+                Tensor::cat(vec![past_v, v], 2),
+            ),
+            None => (k, v),
+        };
+        *cache = Some((k.clone(), v.clone()));
+        let x = x + attention.attend(q, k, v, mask.mask.as_ref(), mask.causal);
+        x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
+    }
+}
+
+impl<B: Backend> Transformer<B> {
+    /// Feeds `ids` `[rows, n]` after what `cache` holds and returns their hidden states after
+    /// the final norm, `[rows, n, hidden]`; the cache then holds them too. The first call is
+    /// the prompt (left-padded as the cache's `starts` say), each later one the next tokens.
+    pub fn forward_cached(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        cache: &mut KvCache<B>,
+    ) -> Result<Tensor<B, 3>> {
+        let architecture = &self.architecture;
+        let [rows, n] = ids.dims();
+        if rows != cache.rows() || n == 0 {
+            return Err(ModelError::Shape {
+                what: "input ids",
+                expected: format!("[{}, at least 1] like the cache's rows", cache.rows()),
+                found: format!("{:?}", [rows, n]),
+            });
+        }
+        let total = cache.len() + n;
+        if total > architecture.max_position_embeddings {
+            return Err(ModelError::TooLong {
+                len: total,
+                limit: architecture.max_position_embeddings,
+            });
+        }
+        check_ids(architecture, &ids)?;
+        let device = ids.device();
+        let positions = cache.positions(n);
+        let span = positions.iter().max().map_or(1, |&p| p + 1);
+        let (cos, sin) = architecture
+            .rope
+            .tables_at::<B>(&positions, rows, span, &device);
+        let mut x = self.embed_tokens.forward(ids);
+        let (cos, sin) = (cos.cast(x.dtype()), sin.cast(x.dtype()));
+        let mask = cache.mask(n, architecture.sliding_window, &device);
+        cache.layers.resize(self.layers.len(), None);
+        for (layer, kv) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            x = layer.forward_cached(x, (&cos, &sin), &mask, kv);
+        }
+        cache.slots = total;
+        Ok(self.norm.forward(x))
+    }
+}

@@ -1,0 +1,228 @@
+//! `xtoken bench eval`: `xtoken eval`'s throughput on a random model of a real shape (default
+//! Llama-3.2-1B's) with a real tokenizer, on the 3-shot prompts of local task files: documents/s
+//! per task, and greedy generation with the key/value cache against recomputing every position
+//! at each step (the same prompts and tokens, measured in the same run).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use burn::backend::NdArray;
+use burn::tensor::backend::Backend;
+use clap::Args;
+use tokenizers::Tokenizer;
+use xtoken_models::{Greedy, Transformer};
+use xtoken_train::harness::model::{read_tokenizer, Scorable, SpecialTokens};
+use xtoken_train::harness::task::{prompts, PromptSettings, Request};
+use xtoken_train::harness::{answer, task_dir, tasks};
+
+use super::forward::{DeviceArg, Preset};
+use crate::cli::models::DtypeArg;
+
+/// Options of `xtoken bench eval`.
+#[derive(Args)]
+pub struct EvalBenchArgs {
+    #[arg(long, value_enum, default_value_t = Preset::Llama1b)]
+    preset: Preset,
+    /// The tokenizer (a directory with tokenizer.json, or the file): Llama-3.2's for the 1B
+    /// shape.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Task files, as `xtoken eval --data` (the test fixtures will do).
+    #[arg(long)]
+    data: PathBuf,
+    /// Tasks timed, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "mmlu,hellaswag,winogrande,gsm8k"
+    )]
+    tasks: Vec<String>,
+    /// Documents per task (per subject) at most.
+    #[arg(long, default_value_t = 2)]
+    limit: usize,
+    /// Sequences per forward pass.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Tokens generated per GSM8k document, and per prompt in the KV cache comparison.
+    #[arg(long, default_value_t = 16)]
+    new_tokens: usize,
+    /// Prompt tokens (the last ones of GSM8k's prompts) in the KV cache comparison.
+    #[arg(long, default_value_t = 128)]
+    prompt_tokens: usize,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Ndarray)]
+    device: DeviceArg,
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    dtype: DtypeArg,
+}
+
+pub fn run(args: EvalBenchArgs) -> Result<()> {
+    if args.batch == 0 || args.new_tokens == 0 || args.prompt_tokens == 0 {
+        bail!("--batch, --new-tokens and --prompt-tokens must be positive");
+    }
+    match args.device {
+        DeviceArg::Ndarray => run_on::<NdArray>(&args, &Default::default(), "CPU (ndarray)"),
+        #[cfg(feature = "cuda")]
+        DeviceArg::Cuda => run_on::<burn::backend::Cuda>(&args, &Default::default(), "CUDA"),
+        #[cfg(not(feature = "cuda"))]
+        DeviceArg::Cuda => {
+            bail!("this xtoken was built without CUDA; rebuild with --features cuda")
+        }
+    }
+}
+
+fn run_on<B: Backend>(args: &EvalBenchArgs, device: &B::Device, place: &str) -> Result<()> {
+    let architecture = args.preset.architecture();
+    let model = Transformer::<B>::random(&architecture, 0, args.dtype.dtype(), device)?;
+    let tokenizer = read_tokenizer(&args.tokenizer)?;
+    let scorable = Scorable {
+        model: &model,
+        tokenizer: &tokenizer,
+        special: SpecialTokens::default(),
+        batch: args.batch,
+        max_gen_toks: args.new_tokens,
+        use_cache: true,
+    };
+    let settings = PromptSettings {
+        shots: 3,
+        seed: 1234,
+        limit: Some(args.limit),
+    };
+    eprintln!(
+        "{} ({} parameters, {}) on {place}, batch {}",
+        args.preset.name(),
+        architecture.num_parameters(),
+        args.dtype.name(),
+        args.batch
+    );
+    // One untimed pass first: a GPU compiles and autotunes its kernels on first use.
+    warm_up(&scorable)?;
+    println!("| Task (3-shot) | Documents | Requests | Prompt tokens | s | Documents/s |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let mut gsm8k_contexts = Vec::new();
+    for name in &args.tasks {
+        let task = tasks::named(name)?;
+        let items = prompts(
+            task.as_ref(),
+            &task_dir(&args.data, task.as_ref())?,
+            &settings,
+        )?;
+        let requests: Vec<&Request> = items.iter().map(|i| &i.request).collect();
+        let (count, tokens) = request_size(&tokenizer, &requests)?;
+        let start = Instant::now();
+        answer(&scorable, name, &requests)?;
+        let seconds = start.elapsed().as_secs_f64();
+        println!(
+            "| {name} | {} | {count} | {tokens} | {seconds:.2} | {:.3} |",
+            items.len(),
+            items.len() as f64 / seconds
+        );
+        if name == "gsm8k" {
+            gsm8k_contexts = requests
+                .iter()
+                .filter_map(|r| match r {
+                    Request::Generate { context, .. } => Some(context.clone()),
+                    Request::Choice { .. } => None,
+                })
+                .collect();
+        }
+    }
+    if gsm8k_contexts.is_empty() {
+        return Ok(());
+    }
+    generation(&model, &tokenizer, &gsm8k_contexts, args)
+}
+
+fn warm_up<B: Backend>(scorable: &Scorable<'_, B>) -> Result<()> {
+    let pairs = vec![("Warm up".to_string(), " once".to_string())];
+    scorable.loglikelihoods(&pairs, |_| {})?;
+    let generate = vec![("Warm up".to_string(), Vec::new())];
+    scorable.generate(&generate, |_| {})?;
+    Ok(())
+}
+
+/// Requests (choices count one each) and the prompt tokens they hold.
+fn request_size(tokenizer: &Tokenizer, requests: &[&Request]) -> Result<(usize, usize)> {
+    let mut count = 0;
+    let mut tokens = 0;
+    let length = |text: &str| -> Result<usize> {
+        let encoding = tokenizer
+            .encode(text, true)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(encoding.len())
+    };
+    for request in requests {
+        match request {
+            Request::Choice { pairs } => {
+                count += pairs.len();
+                for (context, continuation) in pairs {
+                    tokens += length(&format!("{context}{continuation}"))?;
+                }
+            }
+            Request::Generate { context, .. } => {
+                count += 1;
+                tokens += length(context)?;
+            }
+        }
+    }
+    Ok((count, tokens))
+}
+
+/// Greedy decoding of GSM8k's prompts (their last `prompt_tokens`), a fixed number of tokens,
+/// with the cache and by recomputation.
+fn generation<B: Backend>(
+    model: &Transformer<B>,
+    tokenizer: &Tokenizer,
+    contexts: &[String],
+    args: &EvalBenchArgs,
+) -> Result<()> {
+    let prompts = contexts
+        .iter()
+        .map(|context| {
+            let ids = tokenizer
+                .encode(context.as_str(), true)
+                .map_err(|e| anyhow::anyhow!("{e}"))
+                .context("tokenizing a GSM8k prompt")?
+                .get_ids()
+                .to_vec();
+            Ok(ids[ids.len().saturating_sub(args.prompt_tokens)..].to_vec())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let new_tokens = prompts.len() * args.new_tokens;
+    println!(
+        "\n| Greedy generation ({} prompts of ≤ {} tokens, {} new each, batch {}) | s | New tokens/s | × |",
+        prompts.len(),
+        args.prompt_tokens,
+        args.new_tokens,
+        args.batch
+    );
+    println!("|---|---:|---:|---:|");
+    let mut anchor = None;
+    let mut outputs = Vec::new();
+    for (label, use_cache) in [
+        ("recomputing every position (anchor)", false),
+        ("KV cache", true),
+    ] {
+        let settings = Greedy {
+            max_new_tokens: args.new_tokens,
+            use_cache,
+        };
+        let start = Instant::now();
+        let mut generated = Vec::new();
+        for batch in prompts.chunks(args.batch) {
+            generated.extend(model.generate_greedy(batch, settings, |_, _| false)?);
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        let anchor = *anchor.get_or_insert(seconds);
+        println!(
+            "| {label} | {seconds:.2} | {:.2} | {:.2} |",
+            new_tokens as f64 / seconds,
+            anchor / seconds
+        );
+        outputs.push(generated);
+    }
+    if outputs[0] != outputs[1] {
+        bail!("the KV cache generated other tokens than recomputation");
+    }
+    Ok(())
+}

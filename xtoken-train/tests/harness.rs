@@ -1,0 +1,453 @@
+//! `xtoken eval` against lm-evaluation-harness and HF transformers, on the fixtures
+//! `fixtures/harness/make_harness.py` wrote: a few documents of each task in its public format,
+//! a tiny random Llama with its own BPE tokenizer, and what the harness (with HF transformers)
+//! made of them: every prompt, every log-likelihood and generation, every metric.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::backend::NdArray;
+use burn::tensor::DType;
+use serde_json::Value;
+use xtoken_models::{Greedy, Transformer};
+use xtoken_train::harness::docs::Doc;
+use xtoken_train::harness::model::{load, token_loglikelihoods, Loaded, Scorable};
+use xtoken_train::harness::task::{prompts, Item, PromptSettings, Request, Response};
+use xtoken_train::harness::{answer, evaluate, task_dir, tasks};
+
+type B = NdArray;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harness")
+}
+
+fn expected() -> Value {
+    let text = std::fs::read_to_string(fixtures().join("expected.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+const SETTINGS: PromptSettings = PromptSettings {
+    shots: 3,
+    seed: 1234,
+    limit: None,
+};
+
+/// The harness's task of each (task, subset) here.
+fn harness_name(task: &str, subset: &str) -> String {
+    match (task, subset) {
+        ("mmlu", subject) => format!("mmlu_{subject}"),
+        ("math", kind) => format!("math_{}", kind.to_lowercase()),
+        (task, _) => task.to_string(),
+    }
+}
+
+fn items(task: &str) -> Vec<Item> {
+    let task = tasks::named(task).unwrap();
+    let dir = task_dir(&fixtures().join("data"), task.as_ref()).unwrap();
+    prompts(task.as_ref(), &dir, &SETTINGS).unwrap()
+}
+
+/// Each item with its harness sample: the same subset's documents in order.
+fn with_samples(task: &str, expected: &Value) -> Vec<(Item, Value)> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    items(task)
+        .into_iter()
+        .map(|item| {
+            let name = harness_name(task, &item.subset);
+            let index = seen.entry(name.clone()).or_default();
+            let sample = expected[&name]["samples"][*index].clone();
+            *index += 1;
+            assert!(!sample.is_null(), "{name}: no harness sample {index}");
+            (item, sample)
+        })
+        .collect()
+}
+
+fn loaded() -> Loaded<B> {
+    load::<B>(
+        &fixtures().join("model"),
+        None,
+        DType::F32,
+        &Default::default(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn prompts_are_the_harness_prompts() {
+    let expected = expected();
+    for task in tasks::NAMES {
+        let pairs = with_samples(task, &expected);
+        assert!(!pairs.is_empty(), "{task}: no documents");
+        for (item, sample) in pairs {
+            let arguments = sample["arguments"].as_array().unwrap();
+            match &item.request {
+                Request::Choice { pairs } => {
+                    assert_eq!(pairs.len(), arguments.len(), "{task}: choices");
+                    for ((context, continuation), theirs) in pairs.iter().zip(arguments) {
+                        assert_eq!(context, theirs[0].as_str().unwrap(), "{task}: context");
+                        assert_eq!(continuation, theirs[1].as_str().unwrap(), "{task}");
+                    }
+                }
+                Request::Generate { context, until } => {
+                    assert_eq!(
+                        context,
+                        arguments[0][0].as_str().unwrap(),
+                        "{task}: context"
+                    );
+                    let theirs: Vec<&str> = arguments[0][1]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|s| s.as_str().unwrap())
+                        .collect();
+                    assert_eq!(until, &theirs, "{task}: stop sequences");
+                }
+            }
+        }
+    }
+}
+
+/// Per request: HF transformers' log-likelihood (through the harness) within 1e-4, and the
+/// same generated text, with the KV cache and without.
+#[test]
+fn responses_are_hf_transformers_responses() {
+    let expected = expected();
+    let model = loaded();
+    for use_cache in [true, false] {
+        for task in tasks::NAMES {
+            let pairs = with_samples(task, &expected);
+            let scorable = Scorable {
+                model: &model.model,
+                tokenizer: &model.tokenizer,
+                special: model.special.clone(),
+                batch: 3,
+                max_gen_toks: 16,
+                use_cache,
+            };
+            let requests: Vec<&Request> = pairs.iter().map(|(item, _)| &item.request).collect();
+            let responses = answer(&scorable, task, &requests).unwrap();
+            for ((_, sample), response) in pairs.iter().zip(&responses) {
+                let theirs = sample["responses"].as_array().unwrap();
+                match response {
+                    Response::Choice(lls) => {
+                        for (ours, theirs) in lls.iter().zip(theirs) {
+                            let theirs = theirs[0].as_f64().unwrap();
+                            assert!((ours - theirs).abs() <= 1e-4, "{task}: {ours} vs {theirs}");
+                        }
+                    }
+                    Response::Text(text) => {
+                        assert_eq!(
+                            text,
+                            theirs[0].as_str().unwrap(),
+                            "{task} (cache {use_cache})"
+                        )
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Each task's metrics and standard errors as the harness reported them (MMLU's and MATH's
+/// subjects aggregated as its groups are), and the Markdown and JSON reports.
+#[test]
+fn metrics_are_the_harness_metrics() {
+    let expected = expected();
+    let model = loaded();
+    let scorable = Scorable {
+        model: &model.model,
+        tokenizer: &model.tokenizer,
+        special: model.special.clone(),
+        batch: 4,
+        max_gen_toks: 16,
+        use_cache: true,
+    };
+    let all: Vec<_> = tasks::NAMES
+        .iter()
+        .map(|n| tasks::named(n).unwrap())
+        .collect();
+    let report = evaluate(&scorable, &all, &fixtures().join("data"), &SETTINGS).unwrap();
+    for task in &report.tasks {
+        let results = &expected[&task.task]["results"];
+        for metric in &task.metrics {
+            let (name, filter) = metric
+                .name
+                .split_once(',')
+                .unwrap_or((&metric.name, "none"));
+            let value = results[format!("{name},{filter}")].as_f64().unwrap();
+            let stderr = results[format!("{name}_stderr,{filter}")].as_f64().unwrap();
+            assert!(
+                (metric.value - value).abs() < 1e-12,
+                "{}: {}",
+                task.task,
+                metric.name
+            );
+            assert!(
+                (metric.stderr - stderr).abs() < 1e-12,
+                "{}: {} stderr",
+                task.task,
+                metric.name
+            );
+        }
+    }
+    let markdown = report.markdown();
+    assert!(
+        markdown.contains("| mmlu | acc * | 5 | 40.00 | 27.89 |"),
+        "{markdown}"
+    );
+    assert!(markdown.contains("**Average**"), "{markdown}");
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["tasks"][0]["subsets"]["abstract_algebra"][0]["n"], 3);
+}
+
+/// GSM8k's filters and MATH's answer extraction and equivalence on given responses, as the
+/// harness scores them.
+#[test]
+fn scoring_is_the_harness_scoring() {
+    let expected = expected();
+    let by_task: BTreeMap<&str, Vec<Item>> = [("gsm8k", items("gsm8k")), ("math", items("math"))]
+        .into_iter()
+        .collect();
+    let cases = expected["scoring"].as_array().unwrap();
+    assert!(cases.len() > 50);
+    for case in cases {
+        let name = case["task"].as_str().unwrap();
+        let (task, subset) = match name.strip_prefix("math_") {
+            Some(kind) => ("math", kind),
+            None => (name, ""),
+        };
+        let doc: &Doc = &by_task[task]
+            .iter()
+            .filter(|item| item.subset.to_lowercase() == subset)
+            .nth(case["doc_id"].as_u64().unwrap() as usize)
+            .unwrap()
+            .doc;
+        let response = Response::Text(case["response"].as_str().unwrap().to_string());
+        let ours = tasks::named(task).unwrap().score(doc, &response).unwrap();
+        let theirs: Vec<f64> = case["scores"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_f64().unwrap())
+            .collect();
+        assert_eq!(
+            ours, theirs,
+            "{name} {}: {:?}",
+            case["doc_id"], case["response"]
+        );
+    }
+}
+
+fn parity(case: &str) -> Transformer<B> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../xtoken-models/tests/fixtures/parity")
+        .join(case);
+    Transformer::load(&dir, &Default::default()).unwrap()
+}
+
+fn ids(value: &Value) -> Vec<u32> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// On every tiny parity checkpoint (Llama-3, Qwen3, Phi-3 with a sliding window): the
+/// log-likelihood of token continuations equals HF transformers' within 1e-4, batched and
+/// padded; greedy generation equals HF's, and is the same with the KV cache and without.
+#[test]
+fn parity_checkpoints_score_and_generate_as_hf() {
+    let text = std::fs::read_to_string(fixtures().join("parity_loglikelihoods.json")).unwrap();
+    let expected: BTreeMap<String, Value> = serde_json::from_str(&text).unwrap();
+    for (case, expected) in expected {
+        let model = parity(&case);
+        let requests = expected["requests"].as_array().unwrap();
+        let pairs: Vec<(Vec<u32>, Vec<u32>)> = requests
+            .iter()
+            .map(|r| (ids(&r["context"]), ids(&r["continuation"])))
+            .collect();
+        for batch in [1, 2, 5] {
+            let ours = token_loglikelihoods(&model, batch, &pairs, |_| {}).unwrap();
+            for (ours, request) in ours.iter().zip(requests) {
+                let theirs = request["loglikelihood"].as_f64().unwrap();
+                assert!(
+                    (ours - theirs).abs() <= 1e-4,
+                    "{case} batch {batch}: {ours} vs {theirs}"
+                );
+            }
+        }
+        let generations = expected["generations"].as_array().unwrap();
+        let prompts: Vec<Vec<u32>> = generations.iter().map(|g| ids(&g["prompt"])).collect();
+        for use_cache in [true, false] {
+            let settings = Greedy {
+                max_new_tokens: 6,
+                use_cache,
+            };
+            let ours = model
+                .generate_greedy(&prompts, settings, |_, _| false)
+                .unwrap();
+            for (ours, generation) in ours.iter().zip(generations) {
+                assert_eq!(
+                    ours,
+                    &ids(&generation["generated"]),
+                    "{case} (cache {use_cache})"
+                );
+            }
+        }
+    }
+}
+
+/// Batched, left-padded decoding through the cache gives every row what it gets alone without
+/// the cache, token for token, over prompts of different lengths.
+#[test]
+fn kv_cache_generation_equals_recomputation() {
+    for case in ["llama3", "qwen3", "phi3"] {
+        let model = parity(case);
+        let prompts = vec![vec![3, 17, 5, 9, 2, 11, 4], vec![8], vec![1, 2, 3]];
+        let cached = Greedy {
+            max_new_tokens: 12,
+            use_cache: true,
+        };
+        let batched = model
+            .generate_greedy(&prompts, cached, |_, _| false)
+            .unwrap();
+        for (prompt, tokens) in prompts.iter().zip(&batched) {
+            let alone = Greedy {
+                use_cache: false,
+                ..cached
+            };
+            let alone = model
+                .generate_greedy(std::slice::from_ref(prompt), alone, |_, _| false)
+                .unwrap();
+            assert_eq!(tokens, &alone[0], "{case}: {prompt:?}");
+        }
+        // A row that stops early leaves the others as they were.
+        let stopped = model
+            .generate_greedy(&prompts, cached, |row, generated| {
+                row == 1 && generated.len() == 2
+            })
+            .unwrap();
+        assert_eq!(stopped[1], batched[1][..2]);
+        assert_eq!(stopped[0], batched[0]);
+    }
+}
+
+#[test]
+fn bad_inputs_name_what_is_wrong() {
+    let data = fixtures().join("data");
+    let err = task_dir(
+        &data.join("missing"),
+        tasks::named("mmlu").unwrap().as_ref(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("no `mmlu` directory"), "{err}");
+    let err = tasks::named("arc").err().unwrap().to_string();
+    assert!(err.contains("unknown task `arc`"), "{err}");
+    // More shots than the subset has solved examples.
+    let task = tasks::named("mmlu").unwrap();
+    let dir = task_dir(&data, task.as_ref()).unwrap();
+    let many = PromptSettings {
+        shots: 4,
+        ..SETTINGS
+    };
+    let err = prompts(task.as_ref(), &dir, &many).unwrap_err().to_string();
+    assert!(
+        err.contains("3 solved examples in the `dev` split, 4 asked for"),
+        "{err}"
+    );
+    // A malformed row names its file and line.
+    let tmp = std::env::temp_dir().join(format!("xtoken-harness-{}", std::process::id()));
+    std::fs::create_dir_all(tmp.join("gsm8k")).unwrap();
+    std::fs::write(
+        tmp.join("gsm8k/test.jsonl"),
+        "{\"question\": \"q\"}\nnot json\n",
+    )
+    .unwrap();
+    let task = tasks::named("gsm8k").unwrap();
+    let zero = PromptSettings {
+        shots: 0,
+        ..SETTINGS
+    };
+    let err = prompts(task.as_ref(), &tmp.join("gsm8k"), &zero)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("test.jsonl:2: invalid JSON"), "{err}");
+    std::fs::write(tmp.join("gsm8k/test.jsonl"), "{\"question\": 3}\n").unwrap();
+    let err = prompts(task.as_ref(), &tmp.join("gsm8k"), &zero)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("test.jsonl:1: field `question` is not a string"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+fn xtoken(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_xtoken"))
+        .args(args)
+        .output()
+        .expect("run xtoken")
+}
+
+/// The command prints the table the library computes and writes it with its JSON; a task that
+/// does not exist and a model directory that does not exist are named.
+#[test]
+fn the_eval_command_prints_and_writes_the_report() {
+    let model = fixtures().join("model");
+    let data = fixtures().join("data");
+    let out = std::env::temp_dir().join(format!("xtoken-eval-cli-{}", std::process::id()));
+    let run = |tasks: &str, model: &Path| {
+        xtoken(&[
+            "eval",
+            "--model",
+            model.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--tasks",
+            tasks,
+            "--batch",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    };
+    let done = run("mmlu,hellaswag", &model);
+    let stdout = String::from_utf8_lossy(&done.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
+    assert!(done.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("| mmlu | acc * | 5 | 40.00 | 27.89 |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("| hellaswag | acc_norm * | 3 | 33.33 | 33.33 |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("| **Average** | * | | **36.67** | |"),
+        "{stdout}"
+    );
+    let written = std::fs::read_to_string(out.join("results.md")).unwrap();
+    assert_eq!(written.trim(), stdout.trim());
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(json["shots"], 3);
+    let failed = run("mmlu,arc", &model);
+    let stderr = String::from_utf8_lossy(&failed.stderr).into_owned();
+    assert!(
+        !failed.status.success() && stderr.contains("unknown task `arc`"),
+        "{stderr}"
+    );
+    let failed = run("mmlu", Path::new("/no/such/model"));
+    let stderr = String::from_utf8_lossy(&failed.stderr).into_owned();
+    assert!(
+        !failed.status.success() && stderr.contains("/no/such/model"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}
