@@ -140,8 +140,8 @@ impl<B: Backend> Transformer<B> {
 
     /// The likeliest token after each row's hidden state `[rows, 1, hidden]`.
     fn argmax_rows(&self, hidden: Tensor<B, 3>) -> Result<Vec<u32>> {
-        let rows = hidden.dims()[0];
-        let logits = self.logits_from_hidden(hidden).reshape([rows as i32, -1]);
+        let [rows, _, size] = hidden.dims();
+        let logits = self.logits_of_rows(hidden.reshape([rows, size]));
         let tokens = logits
             .argmax(1)
             .into_data()

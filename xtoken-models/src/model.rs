@@ -423,6 +423,22 @@ impl<B: Backend> Transformer<B> {
         Ok(self.norm.forward(x))
     }
 
+    /// The output head on some rows' hidden states, `[rows, hidden]` → `[rows, vocab]` (the
+    /// positions an evaluation scores or decodes from). A tied head is applied as
+    /// `(E · hᵀ)ᵀ`, which reads the embedding `E` `[vocab, hidden]` as stored: its transpose
+    /// would be copied by a backend that wants contiguous operands, every call.
+    pub fn logits_of_rows(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => self
+                .embed_tokens
+                .weight
+                .val()
+                .matmul(hidden.transpose())
+                .transpose(),
+        }
+    }
+
     /// The output head: `[batch, len, hidden]` → logits `[batch, len, vocab]`.
     pub fn logits_from_hidden(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         match &self.lm_head {

@@ -538,8 +538,11 @@ macro_rules! reshape {
         let dim = $crate::to_typed_dims!($n, $shape, justdim);
         let array = match $array.is_standard_layout() {
             true => {
-                match $array.to_shape(dim) {
-                    Ok(val) => val.into_shared(),
+                // xtoken patch: a standard-layout array takes the new shape over the same
+                // buffer. `to_shape(..).into_shared()` copied it, so every matmul copied both of
+                // its operands, the weights included (the matmul reshapes them to 3-D).
+                match $array.into_shape_with_order(dim) {
+                    Ok(val) => val,
                     Err(err) => {
                         core::panic!("Shape should be compatible shape={dim:?}: {err:?}");
                     }

@@ -333,10 +333,7 @@ fn score_batch<B: Backend>(
     let at = Tensor::<B, 1, Int>::from_data(TensorData::new(at, [count]), &device);
     let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [count, 1]), &device);
     let hidden = hidden.reshape([rows * width, size]).select(0, at);
-    let logits = model
-        .logits_from_hidden(hidden.reshape([1, count, size]))
-        .reshape([count as i32, -1])
-        .cast(burn::tensor::DType::F32);
+    let logits = model.logits_of_rows(hidden).cast(burn::tensor::DType::F32);
     let logprobs = log_softmax(logits, 1).gather(1, tokens);
     let logprobs = logprobs
         .into_data()
