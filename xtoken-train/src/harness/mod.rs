@@ -2,7 +2,7 @@
 //! the datasets, on any backend: 3-shot MMLU, GSM8k, MATH, WinoGrande and HellaSwag.
 //!
 //! - [`docs`]: the datasets' parquet / JSON Lines files, by split and subset;
-//! - [`task`]: the [`Task`](task::Task) trait (prompt, request, score) and the few-shot prompts,
+//! - [`task`]: the [`Task`] trait (prompt, request, score) and the few-shot prompts,
 //!   with examples drawn as the harness draws them ([`pyrandom`]: Python's `random`);
 //! - [`tasks`]: the five tasks, one file each;
 //! - [`model`]: log-likelihoods of continuations and greedy generation (KV cache), tokenized and
