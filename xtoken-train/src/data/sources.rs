@@ -118,6 +118,15 @@ fn glob_files(pattern: &str) -> Result<Vec<PathBuf>> {
 
 /// Collects the data files under `dir`, skipping hidden entries.
 fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
+    walk_files(dir, is_data_file, files)
+}
+
+/// Collects the files under `dir` that `keep` accepts, recursively, skipping hidden entries.
+pub(crate) fn walk_files(
+    dir: &Path,
+    keep: fn(&Path) -> bool,
+    files: &mut Vec<PathBuf>,
+) -> Result<()> {
     let entries = std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))?;
     for entry in entries {
         let path = entry.with_context(|| format!("{}", dir.display()))?.path();
@@ -128,8 +137,8 @@ fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
             continue;
         }
         if path.is_dir() {
-            walk(&path, files)?;
-        } else if is_data_file(&path) {
+            walk_files(&path, keep, files)?;
+        } else if keep(&path) {
             files.push(path);
         }
     }

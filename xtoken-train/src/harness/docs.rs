@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::data::sources::walk_files;
 use crate::error::{Context, Error, Result};
 
 /// One row of a dataset, with where it was read for messages.
@@ -89,7 +90,7 @@ pub fn read_splits(dir: &Path, configs: &[&str]) -> Result<Splits> {
         .find(|d| d.is_dir())
         .unwrap_or_else(|| dir.to_path_buf());
     let mut files = Vec::new();
-    collect(&root, &mut files)?;
+    walk_files(&root, |path| split_of(path).is_some(), &mut files)?;
     files.sort();
     let mut splits = Splits::new();
     for file in files {
@@ -110,28 +111,6 @@ pub fn read_splits(dir: &Path, configs: &[&str]) -> Result<Splits> {
         )));
     }
     Ok(splits)
-}
-
-fn collect(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
-    let entries =
-        std::fs::read_dir(dir).with_context(|| format!("{}: cannot list", dir.display()))?;
-    for entry in entries {
-        let path = entry
-            .with_context(|| format!("{}: cannot list", dir.display()))?
-            .path();
-        let hidden = path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with('.'));
-        if hidden {
-            continue;
-        }
-        if path.is_dir() {
-            collect(&path, files)?;
-        } else {
-            files.push(path);
-        }
-    }
-    Ok(())
 }
 
 /// A data file's split and the directory of its subset: the start of its name

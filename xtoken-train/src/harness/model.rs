@@ -228,10 +228,14 @@ impl<B: Backend> Scorable<'_, B> {
                 .model
                 .generate_greedy(&batch_prompts, settings, |row, ids| {
                     let last = ids.last().copied().unwrap_or(0);
-                    self.special.eos.contains(&last)
-                        || stops[batch[row]]
-                            .iter()
-                            .any(|s| !s.is_empty() && self.decode(ids).contains(s.as_str()))
+                    if self.special.eos.contains(&last) {
+                        return true;
+                    }
+                    // Decoded once per step, then searched for every stop sequence.
+                    let text = self.decode(ids);
+                    stops[batch[row]]
+                        .iter()
+                        .any(|s| !s.is_empty() && text.contains(s.as_str()))
                 })?;
             for (&i, ids) in batch.iter().zip(generated) {
                 out[i] = cut_at_stops(self.decode(&ids), &stops[i]);
