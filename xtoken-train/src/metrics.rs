@@ -267,6 +267,74 @@ pub fn line_chart(title: &str, x_label: &str, series: &[(String, Vec<(f64, f64)>
     svg
 }
 
+/// A self-contained SVG chart of grouped bars: per group, one bar per series, labelled with its
+/// value; the y axis runs from 0 to the largest value. Series are coloured alike across groups.
+pub fn bar_chart(title: &str, y_label: &str, groups: &[(String, Vec<(String, f64)>)]) -> String {
+    let bounds: Vec<(String, Vec<(f64, f64)>)> = vec![(
+        String::new(),
+        groups
+            .iter()
+            .flat_map(|(_, bars)| bars.iter().map(|b| (0.0, b.1)))
+            .collect(),
+    )];
+    let frame = Frame::fit(&bounds);
+    let (width, height, left, top) = (Frame::WIDTH, Frame::HEIGHT, Frame::LEFT, Frame::TOP);
+    let (plot_w, plot_h) = frame.plot_size();
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(
+        svg,
+        r##"<rect width="100%" height="100%" fill="white"/><text x="{left}" y="24" font-size="15">{}</text><text x="14" y="{:.1}" transform="rotate(-90 14 {:.1})" text-anchor="middle">{}</text>"##,
+        escape(title),
+        top + plot_h / 2.0,
+        top + plot_h / 2.0,
+        escape(y_label)
+    );
+    frame.y_grid(&mut svg);
+    let slot = plot_w / groups.len().max(1) as f64;
+    let mut legend: Vec<String> = Vec::new();
+    for (g, (group, bars)) in groups.iter().enumerate() {
+        let bar_w = slot * 0.8 / bars.len().max(1) as f64;
+        let x0 = left + slot * g as f64 + slot * 0.1;
+        for (i, (name, value)) in bars.iter().enumerate() {
+            let color_index = legend.iter().position(|n| n == name).unwrap_or_else(|| {
+                legend.push(name.clone());
+                legend.len() - 1
+            });
+            let (x, y) = (x0 + bar_w * i as f64, frame.sy(*value));
+            let _ = writeln!(
+                svg,
+                r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="{}"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="10">{}</text>"#,
+                bar_w * 0.9,
+                (frame.sy(0.0) - y).max(0.0),
+                COLORS[color_index % COLORS.len()],
+                x + bar_w * 0.45,
+                y - 3.0,
+                tick((value * 10.0).round() / 10.0)
+            );
+        }
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            left + slot * (g as f64 + 0.5),
+            top + plot_h + 18.0,
+            escape(group)
+        );
+    }
+    let _ = writeln!(
+        svg,
+        r##"<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#444"/>"##
+    );
+    for (i, name) in legend.iter().enumerate() {
+        frame.legend(&mut svg, i, name);
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
 /// The chart's geometry: the data's bounds and where they are drawn.
 struct Frame {
     x0: f64,
@@ -323,13 +391,24 @@ impl Frame {
 
     /// Six horizontal grid lines with their values, and six x ticks.
     fn grid(&self, svg: &mut String) {
-        let (left, (plot_w, plot_h)) = (Self::LEFT, self.plot_size());
+        self.y_grid(svg);
         for i in 0..=5 {
-            let f = i as f64 / 5.0;
-            let (y, x) = (
-                self.y0 + f * (self.y1 - self.y0),
-                self.x0 + f * (self.x1 - self.x0),
+            let x = self.x0 + i as f64 / 5.0 * (self.x1 - self.x0);
+            let _ = writeln!(
+                svg,
+                r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+                self.sx(x),
+                Self::TOP + self.plot_size().1 + 18.0,
+                tick(x)
             );
+        }
+    }
+
+    /// Six horizontal grid lines with their values.
+    fn y_grid(&self, svg: &mut String) {
+        let (left, plot_w) = (Self::LEFT, self.plot_size().0);
+        for i in 0..=5 {
+            let y = self.y0 + i as f64 / 5.0 * (self.y1 - self.y0);
             let _ = writeln!(
                 svg,
                 r##"<line x1="{left}" x2="{}" y1="{py:.1}" y2="{py:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
@@ -338,13 +417,6 @@ impl Frame {
                 self.sy(y) + 4.0,
                 tick(y),
                 py = self.sy(y)
-            );
-            let _ = writeln!(
-                svg,
-                r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
-                self.sx(x),
-                Self::TOP + plot_h + 18.0,
-                tick(x)
             );
         }
     }
@@ -363,6 +435,12 @@ impl Frame {
                 path.join(" ")
             );
         }
+        self.legend(svg, i, name);
+    }
+
+    /// Legend entry `i`, in series `i`'s colour.
+    fn legend(&self, svg: &mut String, i: usize, name: &str) {
+        let color = COLORS[i % COLORS.len()];
         let (width, right) = (Self::WIDTH, Self::RIGHT);
         let ly = Self::TOP + 14.0 + 18.0 * i as f64;
         let _ = writeln!(
@@ -433,5 +511,32 @@ mod tests {
         assert!(svg.contains("held-out CE") && svg.contains("held-out qwen"));
         assert!(MetricsLog::open(&path, &["other".to_string()], 3).is_err());
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn bar_heights_follow_the_values_and_each_series_has_one_colour() {
+        let bars = |a: f64, b: f64| vec![("P-KL".to_string(), a), ("GOLD".to_string(), b)];
+        let groups = [
+            ("one".to_string(), bars(80.0, 20.0)),
+            ("two".to_string(), bars(40.0, 0.0)),
+        ];
+        let svg = bar_chart("accuracy", "%", &groups);
+        let heights: Vec<f64> = svg
+            .lines()
+            .filter(|l| l.starts_with("<rect x=") && l.contains("fill=\"#"))
+            .map(|l| {
+                let h = l.split("height=\"").nth(1).unwrap();
+                h[..h.find('"').unwrap()].parse().unwrap()
+            })
+            .collect();
+        assert_eq!(heights.len(), 4, "{svg}");
+        // The axis starts at 0: heights are proportional to the values.
+        assert!((heights[0] / heights[1] - 4.0).abs() < 0.05, "{heights:?}");
+        assert!((heights[0] / heights[2] - 2.0).abs() < 0.05, "{heights:?}");
+        assert_eq!(heights[3], 0.0);
+        // One legend entry per series, not per bar.
+        assert_eq!(svg.matches(">P-KL</text>").count(), 1);
+        assert_eq!(svg.matches(COLORS[0]).count(), 3);
+        assert!(svg.contains(">one</text>") && svg.contains(">two</text>"));
     }
 }

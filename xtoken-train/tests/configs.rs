@@ -80,5 +80,8 @@ fn the_cpu_config_runs_on_what_the_demo_leaves() {
     assert!(config.student.model.starts_with("xtoken-demo"));
     assert!(config.data.path.entries()[0].starts_with("xtoken-demo"));
     let teacher = &config.teacher_settings().unwrap()[0];
-    assert_eq!(teacher.model, Path::new("xtoken-demo/runs/teacher/student"));
+    assert_eq!(
+        teacher.model,
+        Path::new("xtoken-demo/runs/digit-splitting/teacher/student")
+    );
 }

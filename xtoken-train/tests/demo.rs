@@ -8,12 +8,16 @@ use std::time::Instant;
 /// Held-out problems of the reduced demo: every answer accuracy is a multiple of 1/12.
 const HELD_OUT: f64 = 12.0;
 
-/// Runs the reduced demo into `out`; returns its JSON and the wall time the test measured.
-fn demo(out: &Path) -> (serde_json::Value, f64) {
+const REGIMES: [&str; 2] = ["digit-splitting", "numeral-keeping"];
+const MODELS: [&str; 6] = ["teacher", "CE only", "GOLD", "ULD", "P-KL", "H-KL"];
+
+/// Runs the demo with `args` into `out`; returns its JSON and the wall time the test measured.
+fn demo(out: &Path, args: &[&str]) -> (serde_json::Value, f64) {
     let start = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_xtoken"))
         .args(["demo", "--json", "--problems", "400", "--held-out", "12"])
-        .args(["--teacher-steps", "6", "--student-steps", "4", "--out"])
+        .args(args)
+        .arg("--out")
         .arg(out)
         .output()
         .expect("run xtoken demo");
@@ -22,6 +26,18 @@ fn demo(out: &Path) -> (serde_json::Value, f64) {
     let json = serde_json::from_slice(&output.stdout).expect("--json prints one JSON object");
     (json, start.elapsed().as_secs_f64())
 }
+
+/// The reduced demo under both teachers: teachers 6 steps, warm-up 4, students 4.
+const STEPS: [&str; 8] = [
+    "--regimes",
+    "digit-splitting,numeral-keeping",
+    "--teacher-steps",
+    "6",
+    "--warmup-steps",
+    "4",
+    "--student-steps",
+    "4",
+];
 
 /// The `ce` column of a run's metrics.csv, found by its header name.
 fn ce_column(run: &Path) -> Vec<f64> {
@@ -34,31 +50,47 @@ fn ce_column(run: &Path) -> Vec<f64> {
         .collect()
 }
 
-/// One method's result agrees with its run's metrics and with the Markdown table.
+/// One row agrees with its run's metrics and with the Markdown table.
 fn check_result(r: &serde_json::Value, runs: &Path, table: &str) {
+    let regime = r["regime"].as_str().unwrap();
     let method = r["method"].as_str().unwrap();
     let answer = r["answer_accuracy"].as_f64().unwrap();
     let numeral = r["numeral_accuracy"].as_f64().unwrap();
     let loss = r["final_loss"].as_f64().unwrap();
+    assert_eq!(r["seed"], 7, "{r}");
     assert!(
         (0.0..=1.0).contains(&answer) && (0.0..=1.0).contains(&numeral),
         "{r}"
     );
     let correct = answer * HELD_OUT;
     assert!((correct - correct.round()).abs() < 1e-9, "{r}: not k/12");
-    // With 4 steps the last 10 % of the curve is its last step.
-    let ce = ce_column(&runs.join(method.replace(' ', "-").to_lowercase()));
-    assert_eq!(ce.len(), 4, "{method}: one metrics row per step");
+    // With 4 or 6 steps the last 10 % of the curve is its last step.
+    let run = runs
+        .join(regime)
+        .join(method.replace(' ', "-").to_lowercase());
+    let ce = ce_column(&run);
+    let steps = if method == "teacher" { 6 } else { 4 };
+    assert_eq!(
+        ce.len(),
+        steps,
+        "{regime}/{method}: one metrics row per step"
+    );
     assert!(
         ce.iter().all(|v| v.is_finite() && *v > 0.0),
         "{method}: {ce:?}"
     );
+    let last = ce[steps - 1];
     assert!(
-        (loss - ce[3]).abs() <= 1e-9 * ce[3],
+        (loss - last).abs() <= 1e-9 * last,
         "{method}: {loss} vs {ce:?}"
     );
+    let model = if method == "teacher" {
+        "teacher (cross-entropy)".to_string()
+    } else {
+        format!("student, {method}")
+    };
     let row = format!(
-        "| student, {method} | {:.1} % | {:.1} % | {loss:.3} |",
+        "| {regime} | {model} | {:.1} % | {:.1} % | {loss:.3} |",
         100.0 * answer,
         100.0 * numeral
     );
@@ -66,19 +98,28 @@ fn check_result(r: &serde_json::Value, runs: &Path, table: &str) {
 }
 
 #[test]
-fn reduced_demo_runs_every_method_and_is_deterministic() {
+fn reduced_demo_runs_every_method_under_both_teachers_and_is_deterministic() {
     let dir = std::env::temp_dir().join(format!("xtoken-demo-{}", std::process::id()));
-    let (first, wall) = demo(&dir.join("a"));
+    let (first, wall) = demo(&dir.join("a"), &STEPS);
     let results = first["results"].as_array().expect("results");
-    let methods: Vec<&str> = results
+    let rows: Vec<(&str, &str)> = results
         .iter()
-        .map(|r| r["method"].as_str().unwrap())
+        .map(|r| (r["regime"].as_str().unwrap(), r["method"].as_str().unwrap()))
         .collect();
-    assert_eq!(methods, ["CE only", "GOLD", "ULD", "P-KL", "H-KL"]);
+    // The teachers first, then each regime's students.
+    let mut expected: Vec<(&str, &str)> = REGIMES.iter().map(|&r| (r, "teacher")).collect();
+    for regime in REGIMES {
+        expected.extend(MODELS[1..].iter().map(|&m| (regime, m)));
+    }
+    assert_eq!(rows, expected);
     let table = std::fs::read_to_string(dir.join("a/results.md")).unwrap();
     for r in results {
         check_result(r, &dir.join("a/runs"), &table);
     }
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("a/results.json")).unwrap())
+            .unwrap();
+    assert_eq!(written["results"], first["results"]);
     // The reported time is the demo's own, inside the time the test waited for it.
     let seconds = first["seconds"].as_f64().unwrap();
     assert!(
@@ -87,15 +128,69 @@ fn reduced_demo_runs_every_method_and_is_deterministic() {
     );
     let svg = std::fs::read_to_string(dir.join("a/loss.svg")).unwrap();
     assert!(svg.starts_with("<svg"));
-    for method in methods {
+    let bars = std::fs::read_to_string(dir.join("a/accuracy.svg")).unwrap();
+    for method in &MODELS[1..] {
         assert!(svg.contains(method), "{method} has no curve");
+        assert!(bars.contains(method), "{method} has no bar");
     }
-    // The tokenizers behave as the demo says: the teacher splits digits, the student does not.
-    let teacher = std::fs::read_to_string(dir.join("a/teacher-init/tokenizer.json")).unwrap();
-    assert!(teacher.contains("\"individual_digits\":true"));
+    // The tokenizers behave as the demo says: one teacher splits digits, the other keeps
+    // numerals as the student does.
+    let digits = std::fs::read_to_string(dir.join("a/teacher-init/tokenizer.json")).unwrap();
+    assert!(digits.contains("\"individual_digits\":true"));
+    let keeping =
+        std::fs::read_to_string(dir.join("a/teacher-numerals-init/tokenizer.json")).unwrap();
+    assert!(!keeping.contains("individual_digits") && keeping.contains("{1,3}"));
 
     // Seeded: a second run gives the same numbers.
-    let (second, _) = demo(&dir.join("b"));
+    let (second, _) = demo(&dir.join("b"), &STEPS);
     assert_eq!(first["results"], second["results"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn seeds_are_reported_as_mean_and_spread() {
+    let dir = std::env::temp_dir().join(format!("xtoken-demo-seeds-{}", std::process::id()));
+    // The default regime alone.
+    let args = [
+        "--seeds",
+        "2",
+        "--teacher-steps",
+        "2",
+        "--warmup-steps",
+        "0",
+        "--student-steps",
+        "2",
+    ];
+    let (json, _) = demo(&dir, &args);
+    let results = json["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2 * MODELS.len());
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r["seed"], 7 + i as u64 / MODELS.len() as u64, "{r}");
+        assert_eq!(r["regime"], "digit-splitting");
+    }
+    for seed in [7, 8] {
+        assert!(dir
+            .join(format!("seed-{seed}/runs/digit-splitting/p-kl/student"))
+            .is_dir());
+    }
+    let table = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    assert!(
+        table.contains("seeds 7–8 (mean ± standard deviation)"),
+        "{table}"
+    );
+    let teacher = table
+        .lines()
+        .find(|l| l.contains("teacher (cross-entropy)"))
+        .unwrap();
+    assert_eq!(teacher.matches(" ± ").count(), 2, "{teacher}");
+    assert!(!table.contains("numeral-keeping"), "{table}");
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_xtoken"))
+        .args(["demo", "--seeds", "0", "--out"])
+        .arg(dir.join("bad"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--seeds must be at least 1"));
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -33,9 +33,10 @@ pub struct Cli {
 /// The commands.
 #[derive(Subcommand)]
 pub enum Command {
-    /// The paper's main result in miniature on a CPU: synthetic arithmetic, tokenizers trained
-    /// here (digit-splitting teacher, 1–3-digit student), a tiny teacher, and students distilled
-    /// with CE only, GOLD, ULD, P-KL and H-KL; prints the table and writes a plot.
+    /// The paper's main result in miniature on a CPU: questions whose answers are numerals,
+    /// tokenizers trained here (digit-splitting teacher, 1–3-digit student; a numeral-keeping
+    /// teacher with `--regimes`), tiny teachers, and students distilled with CE only, GOLD, ULD,
+    /// P-KL and H-KL; prints the table and writes plots.
     Demo(demo::DemoArgs),
     /// Distill a student from one or more teachers: `xtoken train --config run.toml`.
     Train(train::TrainArgs),

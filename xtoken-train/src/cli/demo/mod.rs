@@ -1,0 +1,389 @@
+//! `xtoken demo`: the paper's central finding in miniature, on a CPU, with nothing downloaded.
+//!
+//! Everything is made here, seeded: a small world of facts, 48 people's house numbers, and
+//! questions about them whose answers are numerals (`corpus`); byte-level BPE tokenizers trained on them with the `tokenizers` crate and random
+//! tiny Llamas (`models`): the student's tokenizer keeps up to three digits together (like
+//! Llama-3), one teacher's splits every digit (like Qwen3: the digit-splitting regime), another
+//! keeps numerals as the student does but cuts words differently (like Phi-4-mini: the
+//! numeral-keeping regime). Each teacher is trained on cross-entropy; the student gets a short
+//! cross-entropy warm-up, and from there one student per method (CE only, GOLD, ULD, P-KL,
+//! H-KL) is distilled with `xtoken train`'s library on the same batches for the same steps
+//! (`runs`). Every model is scored on held-out problems (`score`) and the results are written
+//! as Markdown, JSON and SVG (`report`).
+
+mod corpus;
+mod models;
+mod report;
+mod runs;
+mod score;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use corpus::Problem;
+use models::Numerals;
+use report::{MethodResult, Points};
+use runs::{Job, Run};
+
+/// Options of `xtoken demo`.
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Where the corpus, tokenizers, models, runs and results go.
+    #[arg(long, default_value = "xtoken-demo")]
+    out: PathBuf,
+    /// Print `{"results": [...], "seconds": ...}` on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Training problems.
+    #[arg(long, default_value_t = 6000)]
+    problems: usize,
+    /// Held-out problems.
+    #[arg(long, default_value_t = 300)]
+    held_out: usize,
+    /// Optimizer steps of each teacher.
+    #[arg(long, default_value_t = 250)]
+    teacher_steps: u64,
+    /// Optimizer steps of the student's cross-entropy warm-up, shared by every method.
+    #[arg(long, default_value_t = 150)]
+    warmup_steps: u64,
+    /// Optimizer steps of each student after the warm-up.
+    #[arg(long, default_value_t = 80)]
+    student_steps: u64,
+    /// The first seed: it seeds the corpus, the tokenizers' data, every model's initial
+    /// weights and the batches.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Runs seeds `seed`, `seed + 1`, … and reports each method's mean ± standard deviation.
+    #[arg(long, default_value_t = 1)]
+    seeds: u64,
+    /// The teachers to distill from (comma-separated): `digit-splitting` (the default run),
+    /// `numeral-keeping`, or both.
+    #[arg(long, value_delimiter = ',', default_value = "digit-splitting")]
+    regimes: Vec<Regime>,
+}
+
+/// Which teacher the students are distilled from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Regime {
+    /// The teacher's tokenizer writes every digit as its own token (Qwen3-like): no student
+    /// numeral of two or three digits has an exact match.
+    DigitSplitting,
+    /// The teacher's tokenizer keeps numerals as the student's does (Phi-4-mini-like): the
+    /// partition is sound on numerals.
+    NumeralKeeping,
+}
+
+impl Regime {
+    /// The name in JSON and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Regime::DigitSplitting => "digit-splitting",
+            Regime::NumeralKeeping => "numeral-keeping",
+        }
+    }
+
+    fn numerals(self) -> Numerals {
+        match self {
+            Regime::DigitSplitting => Numerals::Digits,
+            Regime::NumeralKeeping => Numerals::UpToThreeBareWords,
+        }
+    }
+
+    /// The teacher's tokenizer size: digits and words for one, every numeral for the other.
+    fn teacher_vocab(self) -> usize {
+        match self {
+            Regime::DigitSplitting => 400,
+            Regime::NumeralKeeping => 1600,
+        }
+    }
+
+    /// The teacher's learning rate. The digit-splitting teacher trains best at 3e-3. The
+    /// numeral-keeping teacher answers with single tokens, as the student does, and needs
+    /// more to leave the plateau where it answers with the numerals' frequencies; in 250
+    /// steps at 5e-3 it does not always leave it (the README shows how often).
+    fn teacher_lr(self) -> f64 {
+        match self {
+            Regime::DigitSplitting => 3e-3,
+            Regime::NumeralKeeping => 5e-3,
+        }
+    }
+
+    /// The teacher's initial weights and tokenizer, under the demo's directory.
+    fn init_dir(self) -> &'static str {
+        match self {
+            Regime::DigitSplitting => "teacher-init",
+            Regime::NumeralKeeping => "teacher-numerals-init",
+        }
+    }
+}
+
+/// The students: name, loss and α (`CE only` is the floor: the same run with α = 0).
+const METHODS: [(&str, &str, f64); 5] = [
+    ("CE only", "uld", 0.0),
+    ("GOLD", "gold", 1.0),
+    ("ULD", "uld", 1.0),
+    ("P-KL", "pkl", 1.0),
+    ("H-KL", "hkl", 1.0),
+];
+
+/// Learning rates. The student's warm-up trains from scratch at a rate that gets it past the
+/// plateau where it answers with the numerals' frequencies (at 3e-3 it stays there for 400
+/// steps); distillation continues from there at 3e-3.
+const LR_WARM_UP: f64 = 1e-2;
+const LR_DISTILL: f64 = 3e-3;
+
+/// The student's tokenizer size (it keeps every numeral of the corpus) and the models' shapes
+/// (hidden size, layers).
+const STUDENT_VOCAB: usize = 1600;
+const STUDENT_SHAPE: (usize, usize) = (64, 2);
+const TEACHER_SHAPE: (usize, usize) = (96, 3);
+
+impl DemoArgs {
+    fn check(&self) -> Result<()> {
+        let positive = [
+            ("--problems", self.problems as u64),
+            ("--held-out", self.held_out as u64),
+            ("--teacher-steps", self.teacher_steps),
+            ("--student-steps", self.student_steps),
+            ("--seeds", self.seeds),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                bail!("{name} must be at least 1");
+            }
+        }
+        if self.regimes.is_empty() {
+            bail!("--regimes names no regime");
+        }
+        Ok(())
+    }
+
+    /// The directory of one seed: `out` itself for a single seed.
+    fn seed_dir(&self, seed: u64) -> PathBuf {
+        if self.seeds == 1 {
+            self.out.clone()
+        } else {
+            self.out.join(format!("seed-{seed}"))
+        }
+    }
+}
+
+/// Runs the demo.
+pub fn run(mut args: DemoArgs) -> Result<()> {
+    args.check()?;
+    args.regimes.dedup();
+    let start = Instant::now();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut results = Vec::new();
+    let mut curves = Vec::new();
+    for seed in args.seed..args.seed + args.seeds {
+        let (rows, seed_curves) = one_seed(&args, seed, threads)?;
+        results.extend(rows);
+        if curves.is_empty() {
+            curves = seed_curves;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    report::write(&args, &results, &curves, seconds)
+}
+
+/// What one seed's runs have in common.
+struct Seeded<'a> {
+    args: &'a DemoArgs,
+    seed: u64,
+    dir: PathBuf,
+    data: PathBuf,
+    held_out: Vec<Problem>,
+}
+
+/// The whole demo for one seed: its rows (teachers first) and the CE curves of the first
+/// regime's students.
+fn one_seed(
+    args: &DemoArgs,
+    seed: u64,
+    threads: usize,
+) -> Result<(Vec<MethodResult>, Vec<report::Curve>)> {
+    let dir = args.seed_dir(seed);
+    if dir.join("runs").exists() {
+        std::fs::remove_dir_all(dir.join("runs"))?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let say = |text: &str| eprintln!("\n== seed {seed}: {text}");
+
+    say("corpus: questions about 48 people's house numbers");
+    let data = dir.join("train.jsonl");
+    let (texts, held_out) = corpus::write(seed, args.problems, args.held_out, &data)?;
+    eprintln!(
+        "{} training and {} held-out problems, e.g. {:?}",
+        args.problems, args.held_out, texts[0]
+    );
+    let s = Seeded {
+        args,
+        seed,
+        dir,
+        data,
+        held_out,
+    };
+
+    say("tokenizers and random models");
+    s.tokenizers_and_models(&texts)?;
+
+    say("teachers (cross-entropy) and the student's shared warm-up, side by side");
+    let mut first: Vec<Job<'_, Option<MethodResult>>> = args
+        .regimes
+        .iter()
+        .map(|&regime| -> Job<'_, Option<MethodResult>> {
+            let s = &s;
+            Box::new(move || s.teacher(regime).map(Some))
+        })
+        .collect();
+    first.push(Box::new(|| s.warm_up().map(|()| None)));
+    let mut rows: Vec<MethodResult> = runs::pool(threads, first)?.into_iter().flatten().collect();
+
+    say("students: one per method and teacher, side by side");
+    let jobs: Vec<Job<'_, (MethodResult, Points)>> = args
+        .regimes
+        .iter()
+        .flat_map(|&regime| METHODS.iter().map(move |&m| (regime, m)))
+        .map(|(regime, method)| -> Job<'_, (MethodResult, Points)> {
+            let s = &s;
+            Box::new(move || s.student(regime, method))
+        })
+        .collect();
+    let mut curves = Vec::new();
+    for (row, curve) in runs::pool(threads, jobs)? {
+        if row.regime == args.regimes[0] {
+            curves.push((row.method.clone(), curve));
+        }
+        rows.push(row);
+    }
+    Ok((rows, curves))
+}
+
+impl Seeded<'_> {
+    fn tokenizers_and_models(&self, texts: &[String]) -> Result<()> {
+        let student = self.dir.join("student-init");
+        models::train_tokenizer(&student, Numerals::UpToThree, STUDENT_VOCAB, texts)?;
+        let example = &self.held_out[0].1;
+        eprintln!("student: {}", models::pieces(&student, example)?);
+        models::init_model(&student, STUDENT_SHAPE, self.seed + 1)?;
+        for &regime in &self.args.regimes {
+            let teacher = self.dir.join(regime.init_dir());
+            let vocab = regime.teacher_vocab();
+            models::train_tokenizer(&teacher, regime.numerals(), vocab, texts)?;
+            eprintln!(
+                "{} teacher: {}",
+                regime.name(),
+                models::pieces(&teacher, example)?
+            );
+            models::init_model(&teacher, TEACHER_SHAPE, self.seed)?;
+        }
+        Ok(())
+    }
+
+    fn runs(&self) -> PathBuf {
+        self.dir.join("runs")
+    }
+
+    /// A cross-entropy run of `model` (its own teacher, at α = 0).
+    fn ce_run<'a>(&'a self, out: &'a Path, model: &'a Path, steps: u64, lr: f64) -> Run<'a> {
+        Run {
+            out,
+            student: model,
+            teacher: model,
+            loss: "kl",
+            alpha: 0.0,
+            steps,
+            lr,
+            data: &self.data,
+            seed: self.seed,
+        }
+    }
+
+    /// Trains and scores a regime's teacher (on cross-entropy: the run's teacher is itself,
+    /// at α = 0).
+    fn teacher(&self, regime: Regime) -> Result<MethodResult> {
+        let init = self.dir.join(regime.init_dir());
+        let out = self.runs().join(regime.name()).join("teacher");
+        self.ce_run(&out, &init, self.args.teacher_steps, regime.teacher_lr())
+            .train()?;
+        let (final_loss, _) = runs::ce_curve(&out)?;
+        self.score(regime, "teacher", &out, final_loss)
+    }
+
+    /// The student's cross-entropy warm-up every method continues from.
+    fn warm_up(&self) -> Result<()> {
+        if self.args.warmup_steps == 0 {
+            return Ok(());
+        }
+        let init = self.dir.join("student-init");
+        let out = self.runs().join("warm-up");
+        self.ce_run(&out, &init, self.args.warmup_steps, LR_WARM_UP)
+            .train()
+    }
+
+    /// The student every method starts from: the warm-up's, or the random one.
+    fn student_start(&self) -> PathBuf {
+        if self.args.warmup_steps == 0 {
+            self.dir.join("student-init")
+        } else {
+            self.runs().join("warm-up").join("student")
+        }
+    }
+
+    /// Distills and scores one method's student from a regime's teacher.
+    fn student(
+        &self,
+        regime: Regime,
+        (method, loss, alpha): (&str, &str, f64),
+    ) -> Result<(MethodResult, Points)> {
+        let out = self
+            .runs()
+            .join(regime.name())
+            .join(method.replace(' ', "-").to_lowercase());
+        let start = self.student_start();
+        let teacher = self
+            .runs()
+            .join(regime.name())
+            .join("teacher")
+            .join("student");
+        Run {
+            teacher: &teacher,
+            loss,
+            alpha,
+            ..self.ce_run(&out, &start, self.args.student_steps, LR_DISTILL)
+        }
+        .train()?;
+        let (final_loss, curve) = runs::ce_curve(&out)?;
+        Ok((self.score(regime, method, &out, final_loss)?, curve))
+    }
+
+    fn score(
+        &self,
+        regime: Regime,
+        method: &str,
+        run: &Path,
+        final_loss: f64,
+    ) -> Result<MethodResult> {
+        let score = score::evaluate(&run.join("student"), &self.held_out)?;
+        eprintln!(
+            "{} / {method}: answers {:.1} %, numeral tokens {:.1} %",
+            regime.name(),
+            100.0 * score.answer_accuracy,
+            100.0 * score.numeral_accuracy
+        );
+        Ok(MethodResult {
+            regime,
+            method: method.into(),
+            seed: self.seed,
+            answer_accuracy: score.answer_accuracy,
+            numeral_accuracy: score.numeral_accuracy,
+            final_loss,
+        })
+    }
+}
