@@ -104,8 +104,14 @@ fn two_workers_of_two_micro_batches_match_one_pass_over_the_combined_batch() {
     for (x, y) in combined.iter().zip(parallel) {
         assert_eq!(x.len(), 10, "{x:?}");
         assert_eq!(y.len(), x.len(), "{y:?}");
-        for (u, v) in x.iter().zip(&y) {
-            assert!((u - v).abs() <= 1e-5 * u.abs().max(1.0), "{x:?} vs {y:?}");
+        for (i, (u, v)) in x.iter().zip(&y).enumerate() {
+            // The gradient norm (column 9) sums every parameter's squared f32 gradient, summed
+            // over the workers in another order: 2.3e-5 apart on an AMD EPYC.
+            let tolerance = if i == 9 { 1e-4 } else { 1e-5 };
+            assert!(
+                (u - v).abs() <= tolerance * u.abs().max(1.0),
+                "{x:?} vs {y:?}"
+            );
         }
     }
 }
