@@ -144,7 +144,7 @@ fn push_runs(chunk: &Chunk, words: &mut Vec<u32>) -> Result<()> {
 /// before [`CacheWriter::finish`] (an error on the way), it removes its temporary file.
 pub struct CacheWriter {
     path: PathBuf,
-    temp: PathBuf,
+    temp: crate::temporary::Temporary,
     /// `None` once finished.
     file: Option<BufWriter<File>>,
     metadata: CacheMetadata,
@@ -160,8 +160,8 @@ impl CacheWriter {
         let path = path.as_ref().to_path_buf();
         let mut temp = path.clone().into_os_string();
         temp.push(".tmp");
-        let temp = PathBuf::from(temp);
-        let file = File::create(&temp).map_err(|e| Error::io(&temp, e))?;
+        let temp = crate::temporary::Temporary::new(PathBuf::from(temp));
+        let file = File::create(temp.path()).map_err(|e| Error::io(temp.path(), e))?;
         let mut writer = CacheWriter {
             path,
             temp,
@@ -192,7 +192,7 @@ impl CacheWriter {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        let temp = &self.temp;
+        let temp = self.temp.path();
         self.file
             .as_mut()
             .ok_or_else(|| Error::io(temp, std::io::Error::other("the cache was finished")))?
@@ -250,7 +250,7 @@ impl CacheWriter {
         header[40..48].copy_from_slice(&self.docs.to_le_bytes());
         let checksum = header_checksum(&header[..48], &json, &index);
         header[48..56].copy_from_slice(&checksum.to_le_bytes());
-        let temp = self.temp.clone();
+        let temp = self.temp.path().to_path_buf();
         let io = |e| Error::io(&temp, e);
         let writer = self
             .file
@@ -262,16 +262,16 @@ impl CacheWriter {
         file.write_all(&json).map_err(io)?;
         file.sync_all().map_err(io)?;
         drop(file);
-        std::fs::rename(&self.temp, &self.path).map_err(|e| Error::io(&self.path, e))?;
+        std::fs::rename(self.temp.path(), &self.path).map_err(|e| Error::io(&self.path, e))?;
+        self.temp.release();
         Ok(self.path.clone())
     }
 }
 
 impl Drop for CacheWriter {
     fn drop(&mut self) {
-        if self.file.take().is_some() {
-            std::fs::remove_file(&self.temp).ok();
-        }
+        // Closed before the temporary guard removes the file.
+        self.file.take();
     }
 }
 

@@ -24,6 +24,7 @@ pub mod loss;
 pub mod matching;
 pub mod plan;
 pub mod projection;
+pub mod temporary;
 pub mod vocab;
 
 pub use error::{Error, Result};

@@ -157,6 +157,38 @@ pub struct Provenance {
     pub params: ProjectionParams,
 }
 
+/// The order of a row's entries: heaviest first, ties broken by the lower teacher id, so that
+/// the first slot (H-KL's pairing) does not depend on how a file listed them.
+fn heaviest_first<W: PartialOrd>(a: &(u32, W), b: &(u32, W)) -> std::cmp::Ordering {
+    b.1.partial_cmp(&a.1)
+        .unwrap_or(std::cmp::Ordering::Equal)
+        .then(a.0.cmp(&b.0))
+}
+
+/// Puts every row of a loaded W in [`heaviest_first`] order, empty slots last.
+fn sort_rows(indices: &mut [i32], weights: &mut [f32], top_k: usize) {
+    let mut row = Vec::with_capacity(top_k);
+    for (ids, ws) in indices
+        .chunks_exact_mut(top_k)
+        .zip(weights.chunks_exact_mut(top_k))
+    {
+        row.clear();
+        row.extend(
+            ids.iter()
+                .zip(ws.iter())
+                .filter(|(&t, _)| t >= 0)
+                .map(|(&t, &w)| (t as u32, w)),
+        );
+        row.sort_by(heaviest_first);
+        ids.fill(-1);
+        ws.fill(0.0);
+        for (k, &(t, w)) in row.iter().enumerate() {
+            ids[k] = t as i32;
+            ws[k] = w;
+        }
+    }
+}
+
 /// W as fixed top-K rows: `indices [V_S, K]` (−1 = empty slot) and `weights [V_S, K]`, slots of a
 /// row sorted by weight, heaviest first; every non-empty row sums to 1.
 #[derive(Debug, Clone, PartialEq)]
@@ -248,7 +280,7 @@ impl SparseProjection {
     }
 
     /// Builds W from explicit rows of `(teacher id, non-negative weight)`: each row keeps its
-    /// `top_k` heaviest entries (ties: first listed) and is normalized to sum to 1.
+    /// `top_k` heaviest entries (ties: the lower teacher id) and is normalized to sum to 1.
     pub fn from_rows(
         rows: &[Vec<(u32, f64)>],
         teacher_vocab_size: usize,
@@ -287,7 +319,7 @@ impl SparseProjection {
                     None => {}
                 }
             }
-            kept.sort_by(|a, b| b.1.total_cmp(&a.1));
+            kept.sort_by(heaviest_first);
             kept.truncate(top_k);
             let total: f64 = kept.iter().map(|&(_, w)| w).sum();
             for (k, &(t, w)) in kept.iter().enumerate() {
@@ -431,6 +463,12 @@ impl SparseProjection {
             .map_err(|e| fail(format!("not a safetensors file: {e}")))?;
         let meta = header.metadata().clone().unwrap_or_default();
         let get = |name: &str| meta.get(name).map(String::as_str);
+        if let Some(format) = get("format").filter(|&f| f != FORMAT) {
+            return Err(fail(format!(
+                "metadata format = {format:?}: this xtoken reads {FORMAT:?} (a W written by \
+                 another version; rebuild it with `xtoken projection build`)"
+            )));
+        }
         let parse_usize = |name: &str| -> Result<Option<usize>> {
             get(name)
                 .map(|v| {
@@ -472,7 +510,7 @@ impl SparseProjection {
                 weight_view.shape()
             )));
         }
-        let indices: Vec<i32> = match index_view.dtype() {
+        let mut indices: Vec<i32> = match index_view.dtype() {
             Dtype::I32 => index_view
                 .data()
                 .chunks_exact(4)
@@ -498,7 +536,7 @@ impl SparseProjection {
                 weight_view.dtype()
             )));
         }
-        let weights: Vec<f32> = weight_view
+        let mut weights: Vec<f32> = weight_view
             .data()
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -540,6 +578,13 @@ impl SparseProjection {
                 return Err(fail(format!("row {s}: weights sum to {total}, not 1")));
             }
         }
+
+        if n_rows > 0 && indices.iter().all(|&t| t < 0) {
+            return Err(fail(format!(
+                "all {n_rows} rows are empty: W maps no student token to the teacher"
+            )));
+        }
+        sort_rows(&mut indices, &mut weights, top_k);
 
         let provenance = match (get("student_sha256"), get("teacher_sha256")) {
             (Some(student), Some(teacher)) => Some(Provenance {
@@ -810,6 +855,93 @@ mod tests {
             err.contains("w.safetensors") && err.contains("damaged"),
             "{err}"
         );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Writes W's rows with the slots in the order given (a file another tool wrote), with
+    /// `metadata`'s format, and no checksum.
+    fn write_slots(path: &Path, slots: &[[(i32, f32); 3]], format: &str) {
+        let idx: Vec<u8> = slots
+            .iter()
+            .flatten()
+            .flat_map(|(t, _)| t.to_le_bytes())
+            .collect();
+        let wts: Vec<u8> = slots
+            .iter()
+            .flatten()
+            .flat_map(|(_, w)| w.to_le_bytes())
+            .collect();
+        let shape = vec![slots.len(), 3];
+        let views = [
+            (
+                "indices",
+                TensorView::new(Dtype::I32, shape.clone(), &idx).unwrap(),
+            ),
+            ("weights", TensorView::new(Dtype::F32, shape, &wts).unwrap()),
+        ];
+        let metadata = HashMap::from([
+            ("format".to_string(), format.to_string()),
+            ("teacher_vocab_size".to_string(), "8".to_string()),
+        ]);
+        std::fs::write(path, safetensors::serialize(views, Some(metadata)).unwrap()).unwrap();
+    }
+
+    /// The same W with each row's slots in another order (empty slots first, ties swapped,
+    /// lightest first) loads as the same W: the first slot, which H-KL pairs with, and every
+    /// projection (P-KL) are the same, so no loss depends on how a file lists a row.
+    #[test]
+    fn slot_order_in_a_file_does_not_change_w() {
+        let dir = std::env::temp_dir().join(format!("xtoken-proj-order-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let heaviest_first = [
+            [(3, 0.6), (1, 0.3), (5, 0.1)],
+            [(2, 0.5), (6, 0.5), (-1, 0.0)],
+            [(7, 1.0), (-1, 0.0), (-1, 0.0)],
+            [(-1, 0.0), (-1, 0.0), (-1, 0.0)],
+        ];
+        let shuffled = [
+            [(5, 0.1), (1, 0.3), (3, 0.6)],
+            [(-1, 0.0), (6, 0.5), (2, 0.5)],
+            [(-1, 0.0), (-1, 0.0), (7, 1.0)],
+            [(-1, 0.0), (-1, 0.0), (-1, 0.0)],
+        ];
+        let (a, b) = (dir.join("a.safetensors"), dir.join("b.safetensors"));
+        write_slots(&a, &heaviest_first, FORMAT);
+        write_slots(&b, &shuffled, FORMAT);
+        let (wa, wb) = (
+            SparseProjection::load(&a).unwrap(),
+            SparseProjection::load(&b).unwrap(),
+        );
+        assert_eq!(wa, wb);
+        assert_eq!(wb.top1(0), Some((3, 0.6)));
+        assert_eq!(wb.top1(1), Some((2, 0.5)), "a tie goes to the lower id");
+        let p = [0.1, 0.2, 0.3, 0.4];
+        assert_eq!(wa.project(&p), wb.project(&p));
+        // Built rows follow the same order: a tie listed high id first still pairs the lower.
+        let built = SparseProjection::from_rows(&[vec![(6, 1.0), (2, 1.0)]], 8, 2, None).unwrap();
+        assert_eq!(built.top1(0), Some((2, 0.5)));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A W of another format version, or one whose rows are all empty, is refused by name.
+    #[test]
+    fn other_formats_and_empty_ws_are_refused() {
+        let dir = std::env::temp_dir().join(format!("xtoken-proj-format-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.safetensors");
+        write_slots(
+            &path,
+            &[[(3, 1.0), (-1, 0.0), (-1, 0.0)]],
+            "xtoken-projection/99",
+        );
+        let err = SparseProjection::load(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("w.safetensors") && err.contains("xtoken-projection/99"),
+            "{err}"
+        );
+        write_slots(&path, &[[(-1, 0.0); 3], [(-1, 0.0); 3]], FORMAT);
+        let err = SparseProjection::load(&path).unwrap_err().to_string();
+        assert!(err.contains("all 2 rows are empty"), "{err}");
         std::fs::remove_dir_all(&dir).ok();
     }
 

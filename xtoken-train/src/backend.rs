@@ -8,6 +8,7 @@ use burn::tensor::backend::AutodiffBackend;
 use xtoken_core::loss::XTokenBackend;
 use xtoken_kernels::memory::DeviceMemory;
 
+use crate::config::DtypeChoice;
 use crate::error::{Error, Result};
 
 /// What training needs of a backend: autodiff for the student, and the X-Token kernels both
@@ -101,6 +102,51 @@ pub fn on_backend<W: OnBackend>(kind: DeviceKind, indices: &[usize], work: W) ->
         DeviceKind::Cuda => Err(missing("cuda")),
         #[cfg(not(feature = "wgpu"))]
         DeviceKind::Wgpu => Err(missing("wgpu")),
+    }
+}
+
+/// Whether this build has the backend `kind` (and, for CUDA, a driver): the error `train`
+/// would meet when it starts the device, named without starting it.
+pub fn check_available(kind: DeviceKind) -> Result<()> {
+    match kind {
+        DeviceKind::Cpu => Ok(()),
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => match xtoken_kernels::device::missing_cuda_driver() {
+            Some(missing) => Err(Error::Config(format!("device = \"cuda\": {missing}"))),
+            None => Ok(()),
+        },
+        #[cfg(feature = "wgpu")]
+        DeviceKind::Wgpu => Ok(()),
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Cuda => Err(missing("cuda")),
+        #[cfg(not(feature = "wgpu"))]
+        DeviceKind::Wgpu => Err(missing("wgpu")),
+    }
+}
+
+/// Whether parameters of `choice` (the value of the configuration key `key`) can live on the
+/// backend `kind`: burn's ndarray holds f32 only, wgpu f32 and f16, CUDA also bf16. `auto`
+/// picks what the backend has.
+pub fn check_dtype(kind: DeviceKind, choice: Result<DtypeChoice>, key: &str) -> Result<()> {
+    let supported: &[DtypeChoice] = match kind {
+        DeviceKind::Cpu => &[DtypeChoice::F32],
+        DeviceKind::Wgpu => &[DtypeChoice::F32, DtypeChoice::F16],
+        DeviceKind::Cuda => &[DtypeChoice::F32, DtypeChoice::F16, DtypeChoice::Bf16],
+    };
+    match choice? {
+        DtypeChoice::Auto => Ok(()),
+        c if supported.contains(&c) => Ok(()),
+        c => {
+            let name = |c: &DtypeChoice| format!("{c:?}").to_lowercase();
+            let names: Vec<String> = supported.iter().map(name).collect();
+            Err(Error::Config(format!(
+                "{key} = \"{}\": the {} backend holds no such parameters (it has {}); use \
+                 \"auto\" or one of those",
+                name(&c),
+                format!("{kind:?}").to_lowercase(),
+                names.join(", ")
+            )))
+        }
     }
 }
 

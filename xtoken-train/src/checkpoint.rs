@@ -21,6 +21,8 @@ use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
+use xtoken_core::temporary::Temporary;
+
 use crate::data::LoaderState;
 use crate::error::{Context, Error, Result};
 use crate::optim::Trainable;
@@ -43,6 +45,10 @@ pub struct CheckpointState {
     /// `--extend-steps decay`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decay_from: Option<crate::schedule::DecayAnchor>,
+    /// The training data's shards as they were when the run started (or last accepted a
+    /// change), compared on `--resume`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<crate::data::fingerprint::ShardPrint>,
 }
 
 fn recorder() -> BinFileRecorder<FullPrecisionSettings> {
@@ -121,7 +127,14 @@ fn verify(dir: &Path) -> std::result::Result<(), String> {
     let manifest: BTreeMap<String, FileSum> =
         serde_json::from_str(&text).map_err(|e| format!("{MANIFEST} is not valid: {e}"))?;
     for (name, want) in &manifest {
-        let got = file_sum(&dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        let path = dir.join(name);
+        if !path.is_file() {
+            return Err(format!(
+                "{name} is missing ({} is not there)",
+                path.display()
+            ));
+        }
+        let got = file_sum(&path).map_err(|e| format!("{name}: {e}"))?;
         if got.bytes != want.bytes {
             return Err(format!(
                 "{name} holds {} bytes, {} were written",
@@ -161,8 +174,9 @@ pub fn latest(dir: &Path) -> Result<Option<(PathBuf, CheckpointState)>> {
     }
     let mut faults = Vec::new();
     for (path, state) in found {
-        match verify(&path) {
-            Ok(()) => return Ok(Some((path, state))),
+        let intact = verify(&path).and(state);
+        match intact {
+            Ok(state) => return Ok(Some((path, state))),
             Err(why) => {
                 tracing::warn!(
                     "checkpoint {} is damaged: {why}; trying the previous one",
@@ -179,13 +193,16 @@ pub fn latest(dir: &Path) -> Result<Option<(PathBuf, CheckpointState)>> {
     )))
 }
 
-/// The finished checkpoints under `dir` with a readable state, newest first, removing
-/// interrupted saves.
-fn candidates(dir: &Path) -> Result<Vec<(PathBuf, CheckpointState)>> {
+/// A checkpoint's state, or why it cannot be read.
+type StateOrFault = std::result::Result<CheckpointState, String>;
+
+/// The finished checkpoints under `dir` (`step-N`), newest first by the step their name says,
+/// each with its state or why that cannot be read, removing interrupted saves.
+fn candidates(dir: &Path) -> Result<Vec<(PathBuf, StateOrFault)>> {
     if !dir.exists() {
         return Ok(Vec::new());
     }
-    let mut found: Vec<(PathBuf, CheckpointState)> = Vec::new();
+    let mut found: Vec<(PathBuf, u64, StateOrFault)> = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))? {
         let path = entry?.path();
         let name = path
@@ -197,20 +214,21 @@ fn candidates(dir: &Path) -> Result<Vec<(PathBuf, CheckpointState)>> {
             std::fs::remove_dir_all(&path).ok();
             continue;
         }
-        if !name.starts_with("step-") {
-            continue;
-        }
-        let state = std::fs::read_to_string(path.join("state.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<CheckpointState>(&t).ok());
-        let Some(state) = state else {
-            tracing::warn!("skipping {}: no readable state.json", path.display());
+        let Some(step) = name
+            .strip_prefix("step-")
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
             continue;
         };
-        found.push((path, state));
+        let state = match std::fs::read_to_string(path.join("state.json")) {
+            Err(e) => Err(format!("state.json cannot be read ({e})")),
+            Ok(text) => serde_json::from_str::<CheckpointState>(&text)
+                .map_err(|e| format!("state.json is not valid ({e})")),
+        };
+        found.push((path, step, state));
     }
-    found.sort_by_key(|(_, state)| std::cmp::Reverse(state.step));
-    Ok(found)
+    found.sort_by_key(|(_, step, _)| std::cmp::Reverse(*step));
+    Ok(found.into_iter().map(|(p, _, s)| (p, s)).collect())
 }
 
 /// Saves a checkpoint of step `state.step` under `dir` and keeps only the newest `keep`;
@@ -225,19 +243,15 @@ pub fn save<B: AutodiffBackend>(
     extra: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<PathBuf> {
     let final_dir = dir.join(format!("step-{:08}", state.step));
-    let tmp = dir.join(format!("step-{:08}.tmp-{}", state.step, std::process::id()));
-    let written = write_directory(&tmp, state, trainable, teachers, extra).and_then(|()| {
-        if final_dir.exists() {
-            std::fs::remove_dir_all(&final_dir).ok();
-        }
-        std::fs::rename(&tmp, &final_dir)
-            .with_context(|| format!("renaming {} into place", tmp.display()))
-    });
-    if written.is_err() {
-        // A failed save (a full disk) leaves nothing half written behind.
-        std::fs::remove_dir_all(&tmp).ok();
+    // A failed or interrupted save (a full disk, Ctrl-C) leaves nothing half written behind.
+    let tmp = Temporary::beside(&final_dir, "tmp");
+    write_directory(tmp.path(), state, trainable, teachers, extra)?;
+    if final_dir.exists() {
+        std::fs::remove_dir_all(&final_dir).ok();
     }
-    written?;
+    let at = tmp.path().display().to_string();
+    tmp.persist(&final_dir)
+        .with_context(|| format!("renaming {at} into place"))?;
     prune(dir, keep)?;
     Ok(final_dir)
 }

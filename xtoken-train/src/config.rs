@@ -569,6 +569,13 @@ impl RunConfig {
 
     /// Checks every value, naming the key of the first bad one.
     pub fn validate(&self) -> Result<()> {
+        if self.output_dir.as_os_str().is_empty() {
+            return Err(Error::Config(
+                "output_dir = \"\": name the run's directory (an empty one would write into \
+                 the working directory)"
+                    .into(),
+            ));
+        }
         self.device.parse::<crate::backend::DeviceKind>()?;
         self.student_dtype()?;
         self.validate_teachers()?;
@@ -848,6 +855,13 @@ impl RunConfig {
             }
         }
         if let Some(weights) = &d.weights {
+            if entries.len() == 1 {
+                return Err(Error::Config(
+                    "data.weights: a mixture needs two or more data.path entries; one path is \
+                     read whole (leave data.weights out)"
+                        .into(),
+                ));
+            }
             if weights.len() != entries.len() {
                 return Err(Error::Config(format!(
                     "data.weights: {} weights for {} data.path entries",
@@ -1010,5 +1024,17 @@ path = "data/train.jsonl"
         assert!(err.contains("steps"), "{err}");
         let err = error_of(&MINIMAL.replace("output_dir = \"runs/a\"", ""));
         assert!(err.contains("output_dir"), "{err}");
+    }
+
+    #[test]
+    fn a_mixture_needs_two_paths() {
+        let err = error_of(&MINIMAL.replace(
+            "[data]\npath = \"data/train.jsonl\"",
+            "[data]\npath = \"data/train.jsonl\"\nweights = [1.0]",
+        ));
+        assert!(
+            err.contains("data.weights: a mixture needs two or more"),
+            "{err}"
+        );
     }
 }

@@ -3,15 +3,19 @@
 //! template, generation configuration), written at the end of a run, into every checkpoint with
 //! `checkpoint.hf`, or from any checkpoint afterwards (`xtoken export`).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use xtoken_core::temporary::Temporary;
+use xtoken_models::checkpoint::SINGLE_FILE;
 use xtoken_models::{LoadOptions, SaveDtype, Transformer};
 
 use crate::checkpoint;
 use crate::config::{DtypeChoice, RunConfig};
 use crate::error::{Context, Error, Result};
+use crate::paths::{refuse_holding, refuse_inside};
 use crate::teachers::dtype_of;
 
 /// Writes `student` into the new directory `dir` with the student's companion files.
@@ -30,27 +34,37 @@ pub fn write_student<B: Backend>(
     Ok(())
 }
 
-/// The trained student (of an autodiff backend) into `out`, through `out.tmp` renamed into
-/// place; what was at `out` is replaced only once the new directory is whole.
+/// The trained student (of an autodiff backend) into `out` (see [`write_export`]).
 pub fn export_trained<B: AutodiffBackend>(
     config: &RunConfig,
     student: &Transformer<B>,
     out: &Path,
 ) -> Result<PathBuf> {
-    replace_dir(out, |tmp| write_student(config, &student.valid(), tmp))
+    check_target(config, out)?;
+    write_export(out, |tmp| write_student(config, &student.valid(), tmp))
 }
 
 /// The student of the checkpoint `dir` (its manifest verified) of the run `config` describes,
-/// as a Hugging Face directory `out`, on `device`.
+/// as a Hugging Face directory `out`, on `device`. `out` may not be, hold or lie inside an
+/// input: the checkpoint, the run directory, the student's model directory or tokenizer.
 pub fn export_checkpoint<B: Backend>(
     config: &RunConfig,
     dir: &Path,
     out: &Path,
     device: &B::Device,
 ) -> Result<(PathBuf, u64)> {
+    let run = dir.parent().and_then(Path::parent).unwrap_or(dir);
+    let dirs = [
+        ("the checkpoint", dir),
+        ("the run directory", run),
+        ("the run directory", config.output_dir.as_path()),
+    ];
+    refuse_holding(out, &dirs)?;
+    refuse_inside(out, &dirs)?;
+    check_target(config, out)?;
     let dtype = dtype_of::<B>(config.student_dtype()?, device);
     let (student, step) = checkpoint_student::<B>(config, dir, dtype, device)?;
-    let written = replace_dir(out, |tmp| write_student(config, &student, tmp))?;
+    let written = write_export(out, |tmp| write_student(config, &student, tmp))?;
     Ok((written, step))
 }
 
@@ -68,29 +82,84 @@ pub fn checkpoint_student<B: Backend>(
     Ok((checkpoint::load_student(dir, student, device)?, state.step))
 }
 
-/// Writes a directory through `<out>.tmp` renamed into place.
-fn replace_dir(out: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
-    let tmp = out.with_extension("tmp");
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).ok();
+/// The names of the files an export of `config`'s student writes: the model's, the tokenizer,
+/// and the companions of the student's model directory.
+pub fn exported_names(config: &RunConfig) -> Result<BTreeSet<String>> {
+    let mut names: BTreeSet<String> = [SINGLE_FILE, "config.json", "tokenizer.json"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    names.extend(companions(&config.student.model)?);
+    Ok(names)
+}
+
+/// Checks that `out` may take an export of `config`'s student before anything is written: it is
+/// not and holds no model directory or tokenizer the run reads, and, when it exists, it is a
+/// directory holding only files an export writes (an earlier export), which are replaced.
+pub fn check_target(config: &RunConfig, out: &Path) -> Result<()> {
+    let mut inputs = vec![
+        (
+            "the student's model directory",
+            config.student.model.clone(),
+        ),
+        ("the student's tokenizer", config.student_tokenizer()),
+    ];
+    for t in &config.teachers {
+        inputs.push(("a teacher's model directory", t.model.clone()));
+        if let Some(tokenizer) = &t.tokenizer {
+            inputs.push(("a teacher's tokenizer", tokenizer.clone()));
+        }
     }
-    let written = write(&tmp);
-    if written.is_err() {
-        std::fs::remove_dir_all(&tmp).ok();
+    refuse_holding(out, &inputs)?;
+    if !out.exists() {
+        return Ok(());
     }
-    written?;
-    if out.exists() {
-        std::fs::remove_dir_all(out).with_context(|| format!("{}", out.display()))?;
+    if !out.is_dir() {
+        return Err(Error::Run(format!(
+            "{}: a file is there; the student is written as a directory, choose another output",
+            out.display()
+        )));
     }
-    std::fs::rename(&tmp, out).with_context(|| format!("renaming {} into place", tmp.display()))?;
+    let names = exported_names(config)?;
+    for entry in std::fs::read_dir(out).with_context(|| format!("{}", out.display()))? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !entry.file_type()?.is_file() || !names.contains(&name) {
+            return Err(Error::Run(format!(
+                "{}: it holds {name}, which an export does not write; the student is written \
+                 into a new or empty directory, or over an earlier export (only {}), never over \
+                 other files",
+                out.display(),
+                names.iter().cloned().collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Writes an export through a temporary directory beside `out`, removed on failure or
+/// interruption: a new `out` is the temporary renamed; an earlier export's files are replaced
+/// one rename each, and nothing else in `out` is touched ([`check_target`] comes first).
+pub fn write_export(out: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
+    let tmp = Temporary::beside(out, "xtoken-export");
+    write(tmp.path())?;
+    if !out.exists() {
+        let at = tmp.path().display().to_string();
+        tmp.persist(out)
+            .with_context(|| format!("renaming {at} into place"))?;
+        return Ok(out.to_path_buf());
+    }
+    for entry in std::fs::read_dir(tmp.path())? {
+        let from = entry?.path();
+        let to = out.join(from.file_name().unwrap_or_default());
+        std::fs::rename(&from, &to).with_context(|| format!("replacing {}", to.display()))?;
+    }
     Ok(out.to_path_buf())
 }
 
-/// Copies the files that travel with a model (tokenizer files, chat template, generation and
-/// special-token configurations, a README) from `model` to `dir`: every file but `config.json`
-/// and the weights (`model*`, `pytorch_model*`).
-pub fn copy_companions(model: &Path, dir: &Path) -> Result<Vec<String>> {
-    let mut copied = Vec::new();
+/// The file names [`copy_companions`] copies from `model`.
+fn companions(model: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
     let entries =
         std::fs::read_dir(model).with_context(|| format!("listing {}", model.display()))?;
     for entry in entries {
@@ -102,12 +171,23 @@ pub fn copy_companions(model: &Path, dir: &Path) -> Result<Vec<String>> {
             .to_string();
         let weights = name.starts_with("model") || name.starts_with("pytorch_model");
         if path.is_file() && name != "config.json" && !weights {
-            std::fs::copy(&path, dir.join(&name))
-                .with_context(|| format!("copying {}", path.display()))?;
-            copied.push(name);
+            names.push(name);
         }
     }
-    copied.sort();
+    names.sort();
+    Ok(names)
+}
+
+/// Copies the files that travel with a model (tokenizer files, chat template, generation and
+/// special-token configurations, a README) from `model` to `dir`: every file but `config.json`
+/// and the weights (`model*`, `pytorch_model*`).
+pub fn copy_companions(model: &Path, dir: &Path) -> Result<Vec<String>> {
+    let copied = companions(model)?;
+    for name in &copied {
+        let path = model.join(name);
+        std::fs::copy(&path, dir.join(name))
+            .with_context(|| format!("copying {}", path.display()))?;
+    }
     Ok(copied)
 }
 

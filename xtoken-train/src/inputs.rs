@@ -124,15 +124,12 @@ pub fn projection_for(
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let partial = path.with_extension(format!("{}.partial", std::process::id()));
-    let saved = w.save(&partial).map_err(Error::from).and_then(|()| {
-        std::fs::rename(&partial, path)
-            .with_context(|| format!("renaming {} into place", partial.display()))
-    });
-    if saved.is_err() {
-        std::fs::remove_file(&partial).ok();
-    }
-    saved?;
+    let partial = xtoken_core::temporary::Temporary::beside(path, "partial");
+    w.save(partial.path())?;
+    let at = partial.path().display().to_string();
+    partial
+        .persist(path)
+        .with_context(|| format!("renaming {at} into place"))?;
     tracing::info!(
         "teacher {}: built W ({} × {}, top-{}) into {}",
         settings.name,

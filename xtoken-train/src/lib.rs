@@ -68,6 +68,7 @@ pub mod export;
 pub mod harness;
 pub mod inputs;
 pub mod launch;
+pub mod lock;
 pub mod machine;
 pub mod metrics;
 pub mod optim;

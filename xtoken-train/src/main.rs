@@ -15,6 +15,7 @@ use cli::{Cli, Command};
 
 fn main() -> ExitCode {
     init_logging();
+    remove_temporaries_on_interrupt();
     let result = match Cli::parse().command {
         Command::Demo(args) => cli::demo::run(args),
         Command::Train(args) => cli::train::run(args),
@@ -43,6 +44,22 @@ fn main() -> ExitCode {
             eprintln!("error: {}", report(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Ctrl-C or SIGTERM removes every file still being written under a temporary name (a cache,
+/// an export, a checkpoint, the run's lock) before the process ends with the signal's usual
+/// exit code, 130.
+fn remove_temporaries_on_interrupt() {
+    let installed = ctrlc::set_handler(|| {
+        xtoken_core::temporary::remove_all();
+        eprintln!("interrupted: temporary files removed");
+        std::process::exit(130);
+    });
+    if let Err(e) = installed {
+        tracing::warn!(
+            "no interrupt handler ({e}): an interrupted command may leave temporary files"
+        );
     }
 }
 

@@ -11,10 +11,13 @@ use xtoken_core::loss::LossKind;
 use xtoken_core::projection::SparseProjection;
 use xtoken_models::{Architecture, HfConfig};
 
+use crate::backend::DeviceKind;
 use crate::config::{DtypeChoice, RunConfig};
 use crate::data::{DocumentReader, Source};
-use crate::error::{Context, Result};
+use crate::error::{Context, Error, Result};
 use crate::inputs::RunInputs;
+use crate::paths::{refuse_holding, refuse_overwriting};
+use crate::run::RunOptions;
 use crate::step::ScalingScope;
 
 /// A checked run and its plan.
@@ -76,34 +79,69 @@ impl MemoryEstimate {
     }
 }
 
-/// Reads and checks what the run `config` describes for `workers` data-parallel workers, and
-/// returns its plan.
-pub fn check(config: &RunConfig, workers: usize) -> Result<Preflight> {
-    let accum = config.grad_accum(workers)?;
-    let inputs = RunInputs::read(config)?;
-    open_weights(&config.student.model).context("student")?;
-    for s in &inputs.settings {
-        open_weights(&s.model).with_context(|| format!("teacher {}", s.name))?;
+/// Reads and checks what the run `config` describes for `workers` data-parallel workers on the
+/// device family `kind`, as `train` would with `options` before its first step, and returns its
+/// plan. Every check that can run does: the error lists each failure, not only the first.
+pub fn check(
+    config: &RunConfig,
+    workers: usize,
+    kind: DeviceKind,
+    options: &RunOptions,
+) -> Result<Preflight> {
+    let mut failures = Failures::default();
+    failures.note(check_options(config, options));
+    failures.note(check_outputs(config, options, true));
+    failures.note(crate::backend::check_available(kind));
+    failures.note(crate::backend::check_dtype(
+        kind,
+        config.student_dtype(),
+        "student.dtype",
+    ));
+    if let Ok(settings) = config.teacher_settings() {
+        for (i, s) in settings.iter().enumerate() {
+            let key = format!("teachers[{i}].dtype");
+            failures.note(crate::backend::check_dtype(kind, Ok(s.dtype), &key));
+        }
     }
-    let mut sources = inputs
+    let accum = failures.note(config.grad_accum(workers));
+    let Some(inputs) = failures.note(RunInputs::read(config)) else {
+        return Err(failures.into_error());
+    };
+    failures.note(open_weights(&config.student.model).context("student"));
+    for s in &inputs.settings {
+        failures.note(open_weights(&s.model).with_context(|| format!("teacher {}", s.name)));
+    }
+    let field = &config.data.text_field;
+    let mut sources: Vec<_> = inputs
         .sources
         .iter()
-        .map(read_first_documents(&config.data.text_field))
-        .collect::<Result<Vec<_>>>()?;
+        .filter_map(|source| failures.note(read_first_documents(field)(source)))
+        .collect();
     if let Some(path) = config.eval.as_ref().and_then(|e| e.path.as_ref()) {
         let data = crate::config::DataConfig {
             path: path.clone(),
             weights: None,
             ..config.data.clone()
         };
-        for source in crate::data::sources::sources(&data).context("eval.path")? {
-            let (name, shards, bytes, _) = read_first_documents(&data.text_field)(&source)?;
-            sources.push((format!("held-out {name}"), shards, bytes, 0.0));
+        let held_out = crate::data::sources::sources(&data).context("eval.path");
+        for source in failures.note(held_out).unwrap_or_default() {
+            if let Some((name, shards, bytes, _)) =
+                failures.note(read_first_documents(&data.text_field)(&source))
+            {
+                sources.push((format!("held-out {name}"), shards, bytes, 0.0));
+            }
         }
     }
-    let teachers = (0..inputs.settings.len())
-        .map(|m| teacher_plan(config, &inputs, m))
-        .collect::<Result<Vec<_>>>()?;
+    let teachers: Vec<_> = (0..inputs.settings.len())
+        .filter_map(|m| failures.note(teacher_plan(config, &inputs, m)))
+        .collect();
+    let memory = failures.note(estimate(config, &inputs, accum.unwrap_or(1)));
+    if kind == DeviceKind::Cpu {
+        failures.note(check_host_memory(config, &inputs));
+    }
+    let (Some(accum), Some(memory), true) = (accum, memory, failures.0.is_empty()) else {
+        return Err(failures.into_error());
+    };
     let t = &config.training;
     let student = &inputs.student_config.architecture;
     Ok(Preflight {
@@ -116,7 +154,7 @@ pub fn check(config: &RunConfig, workers: usize) -> Result<Preflight> {
             student.num_parameters(),
             config.student_dtype()?,
         ),
-        memory: estimate(config, &inputs, accum)?,
+        memory,
         teachers,
         sources,
         cache: config.cache_path().map(|p| {
@@ -124,6 +162,133 @@ pub fn check(config: &RunConfig, workers: usize) -> Result<Preflight> {
             (p, exists)
         }),
     })
+}
+
+/// The failures a check found so far.
+#[derive(Default)]
+struct Failures(Vec<String>);
+
+impl Failures {
+    /// Keeps a failure's report; the value of a success.
+    fn note<T>(&mut self, result: Result<T>) -> Option<T> {
+        result.map_err(|e| self.0.push(e.report())).ok()
+    }
+
+    fn into_error(self) -> Error {
+        match self.0.as_slice() {
+            [one] => Error::Config(one.clone()),
+            many => Error::Config(format!(
+                "{} problems, each of which stops the run before its first step:\n  - {}",
+                many.len(),
+                many.join("\n  - ")
+            )),
+        }
+    }
+}
+
+/// The command-line choices a run refuses before it reads anything: `--stop-after` outside
+/// 1..=`training.steps`, `--extend-steps` or `--allow-data-change` without `--resume`.
+pub fn check_options(config: &RunConfig, options: &RunOptions) -> Result<()> {
+    let steps = config.training.steps;
+    match options.stop_after {
+        Some(0) => Err(Error::Config(
+            "--stop-after 0: a run stops after a step it trained, from 1 to training.steps".into(),
+        )),
+        Some(stop) if stop > steps => Err(Error::Config(format!(
+            "--stop-after {stop}: past the run's last step (training.steps = {steps}); give a \
+             step from 1 to {steps}, or raise training.steps"
+        ))),
+        _ if !options.resume && options.extend.is_some() => {
+            Err(Error::Config("--extend-steps: only with --resume".into()))
+        }
+        _ if !options.resume && options.allow_data_change => Err(Error::Config(
+            "--allow-data-change: only with --resume (a new run reads the data as it is)".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What a run writes may not replace what it reads or what the user keeps: `output_dir` must
+/// be a directory (or not exist yet); a resumed run's must hold its `run.toml`; a new run's
+/// `run.toml` may not be the configuration file given; `<output_dir>/student`, where the trained
+/// student goes, may not be or hold a model directory, tokenizer or data the run reads, nor
+/// files an export does not write. `checking` (`--check`) also reports a lock held by another
+/// live process, which `train` meets when it takes the lock.
+pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -> Result<()> {
+    let out = &config.output_dir;
+    if out.exists() && !out.is_dir() {
+        return Err(Error::Config(format!(
+            "output_dir = {}: a file is there; the run writes a directory",
+            out.display()
+        )));
+    }
+    let run_toml = out.join("run.toml");
+    if options.resume && !run_toml.is_file() {
+        return Err(Error::Run(format!(
+            "--resume: {} is not there, so {} holds no earlier run to resume; start without \
+             --resume",
+            run_toml.display(),
+            out.display()
+        )));
+    }
+    if let (false, Some(file)) = (options.resume, &options.config_file) {
+        refuse_overwriting(&run_toml, &[("the --config file", file)]).map_err(|_| {
+            Error::Config(format!(
+                "{}: the --config file is where the run records the configuration it starts \
+                 with, and would be overwritten; keep your configuration outside output_dir or \
+                 under another name",
+                file.display()
+            ))
+        })?;
+    }
+    let student = out.join("student");
+    crate::export::check_target(config, &student).context("output_dir")?;
+    let data: Vec<(&str, &std::path::Path)> = config
+        .data
+        .path
+        .entries()
+        .iter()
+        .map(|p| ("training data", p.as_path()))
+        .collect();
+    refuse_holding(&student, &data).context("output_dir")?;
+    if checking {
+        if let Some(holder) = crate::lock::RunLock::held_elsewhere(out) {
+            return Err(Error::Run(format!(
+                "{}: another xtoken process trains in this run directory ({holder})",
+                out.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// On the CPU, refuses a run whose estimated memory (see [`MemoryEstimate`]) is more than the
+/// machine has available, naming the estimate, the limit, the largest part and what to lower.
+pub fn check_host_memory(config: &RunConfig, inputs: &RunInputs) -> Result<()> {
+    let accum = config.grad_accum(1)?;
+    let m = estimate(config, inputs, accum)?;
+    let parts = [
+        (m.student, "the student with gradients and AdamW"),
+        (m.teachers, "the teachers' weights"),
+        (
+            m.activations,
+            "one micro-batch's activations (lower training.context_length or \
+             training.micro_batch)",
+        ),
+        (
+            m.targets,
+            "the teachers' top-K targets (lower loss.top_k, or training.micro_batch)",
+        ),
+    ];
+    let largest = parts
+        .iter()
+        .max_by_key(|(bytes, _)| *bytes)
+        .map_or("", |(_, what)| what);
+    crate::machine::check_fits(
+        "the run",
+        m.total(),
+        &format!("the largest part is {largest} (see `xtoken train --check`)"),
+    )
 }
 
 /// Opens a model directory's safetensors headers (no tensor is read).
@@ -136,12 +301,27 @@ fn open_weights(dir: &std::path::Path) -> Result<()> {
 fn read_first_documents(field: &str) -> impl Fn(&Source) -> Result<(String, usize, u64, f64)> + '_ {
     move |source| {
         let mut bytes = 0;
+        let mut documents = 0;
         for shard in &source.shards {
             let mut reader = DocumentReader::open(&shard.path, shard.format, field)?;
             if let Some(doc) = reader.next_doc()? {
                 reader.extractor().text(&doc)?;
+                documents += 1;
             }
             bytes += std::fs::metadata(&shard.path).map_or(0, |m| m.len());
+        }
+        if documents == 0 {
+            return Err(Error::Data(format!(
+                "data {}: no document in its {} shard(s) ({}): there is nothing to train on",
+                source.name,
+                source.shards.len(),
+                source
+                    .shards
+                    .iter()
+                    .map(|s| s.path.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
         }
         Ok((
             source.name.clone(),
@@ -178,6 +358,7 @@ fn teacher_plan(config: &RunConfig, inputs: &RunInputs, m: usize) -> Result<Teac
         }
         (None, None) => unreachable!("auto always has W"),
     };
+    crate::teachers::check_kl(m, loss.0, student, teacher)?;
     Ok(TeacherPlan {
         name: settings.name.clone(),
         parameters: inputs.teacher_configs[m].architecture.num_parameters(),

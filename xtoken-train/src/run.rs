@@ -27,6 +27,7 @@ use crate::eval::{EvalLog, EvalRow, HeldOut};
 use crate::export::{export_trained, write_student};
 use crate::harness::training::TrainingBenchmarks;
 use crate::inputs::RunInputs;
+use crate::lock::RunLock;
 use crate::metrics::{MetricsLog, StepMetrics};
 use crate::optim::Trainable;
 use crate::parallel::{fingerprint, Worker};
@@ -44,6 +45,11 @@ pub struct RunOptions {
     pub stop_after: Option<u64>,
     /// On `resume`: `training.steps` changed, and the schedule continues this way.
     pub extend: Option<Extension>,
+    /// On `resume`: train on although the data's shards changed since the checkpoint (else
+    /// that is an error naming them).
+    pub allow_data_change: bool,
+    /// The file the configuration was read from: never overwritten by the run.
+    pub config_file: Option<PathBuf>,
 }
 
 /// What a finished run reports.
@@ -82,6 +88,8 @@ pub struct Run<B: TrainBackend> {
     /// The configuration run.toml takes with the next checkpoint (a resumed run that changed
     /// some of it), so that it never runs ahead of the checkpoint that goes with it.
     pending_run_toml: Option<String>,
+    /// The run directory's lock (lead worker), released when the run is dropped.
+    lock: Option<RunLock>,
 }
 
 impl<B: TrainBackend> Run<B> {
@@ -94,15 +102,43 @@ impl<B: TrainBackend> Run<B> {
         worker: Worker,
     ) -> Result<Self> {
         let lead = worker.leads();
-        if options.stop_after == Some(0) {
-            return Err(Error::Config(
-                "--stop-after 0: a run stops after a step it trained, from 1 to training.steps"
-                    .into(),
-            ));
+        crate::preflight::check_options(&config, options)?;
+        if lead {
+            crate::preflight::check_outputs(&config, options, false)?;
         }
+        let before = Created::before(&config.output_dir);
+        let lock = match lead {
+            true => Some(lock_directory(&config.output_dir)?),
+            false => None,
+        };
+        let opened = Self::open_locked(config, options, device, worker);
+        match opened {
+            Ok(mut run) => {
+                run.lock = lock;
+                Ok(run)
+            }
+            Err(e) => {
+                if lead {
+                    before.undo();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn open_locked(
+        config: RunConfig,
+        options: &RunOptions,
+        device: B::Device,
+        worker: Worker,
+    ) -> Result<Self> {
+        let lead = worker.leads();
         let changed = open_directory(&config, options, lead)?;
         let progress = Progress::new(lead, &config);
         let inputs = RunInputs::load(&config, progress.visible)?;
+        if config.device == "cpu" {
+            crate::preflight::check_host_memory(&config, &inputs)?;
+        }
         let mut teachers = (0..inputs.settings.len())
             .map(|m| Teacher::<B>::load(&config, &inputs, m, &device, lead))
             .collect::<Result<Vec<_>>>()?;
@@ -115,7 +151,9 @@ impl<B: TrainBackend> Run<B> {
             &device,
             lead,
         )?;
+        check_data(&inputs, &mut state, options)?;
         let pending_run_toml = match changed {
+            Some(_) if same_file(options, &config) => None,
             Some((started, extended)) => Some(extend(
                 &config,
                 &started,
@@ -145,7 +183,8 @@ impl<B: TrainBackend> Run<B> {
             false => None,
         };
         let accum = config.grad_accum(worker.count)?;
-        let loader = start_loader(&config, &inputs, &worker, state.loader.clone())?;
+        let lenient = options.allow_data_change;
+        let loader = start_loader(&config, &inputs, &worker, state.loader.clone(), lenient)?;
         let t = &config.training;
         let last = options.stop_after.unwrap_or(t.steps).min(t.steps);
         progress.start(&config, &state, last, (accum, worker.count));
@@ -165,6 +204,7 @@ impl<B: TrainBackend> Run<B> {
             held_out,
             benchmarks,
             config,
+            lock: None,
         })
     }
 
@@ -451,7 +491,6 @@ fn open_directory(
     lead: bool,
 ) -> Result<Option<(RunConfig, bool)>> {
     let out = &config.output_dir;
-    std::fs::create_dir_all(out).with_context(|| format!("{}", out.display()))?;
     let run_toml = out.join("run.toml");
     let text = resolved_text(config)?;
     if options.resume {
@@ -479,9 +518,86 @@ fn open_directory(
         )));
     }
     if lead {
-        std::fs::write(&run_toml, &text).with_context(|| format!("{}", run_toml.display()))?;
+        write_atomically(&run_toml, &text)?;
     }
     Ok(None)
+}
+
+/// Creates the run directory (a resumed run's must hold its `run.toml`) and takes its lock.
+fn lock_directory(out: &Path) -> Result<RunLock> {
+    std::fs::create_dir_all(out).with_context(|| format!("{}", out.display()))?;
+    RunLock::acquire(out)
+}
+
+/// Whether the configuration file is the run directory's `run.toml` itself (never rewritten).
+fn same_file(options: &RunOptions, config: &RunConfig) -> bool {
+    options.config_file.as_ref().is_some_and(|file| {
+        let run_toml = config.output_dir.join("run.toml");
+        crate::paths::refuse_overwriting(&run_toml, &[("", file)]).is_err()
+    })
+}
+
+/// Compares the data's shards with those the checkpoint recorded (see
+/// [`crate::data::fingerprint`]): a change is an error naming each shard, unless
+/// `allow_data_change`, when it is logged and the new shards recorded. A fresh run (or a
+/// checkpoint written before shards were recorded) records them.
+fn check_data(inputs: &RunInputs, state: &mut CheckpointState, options: &RunOptions) -> Result<()> {
+    let now = crate::data::fingerprint::of_sources(&inputs.sources)?;
+    let changes = crate::data::fingerprint::changes(&state.data, &now);
+    if !state.data.is_empty() && !changes.is_empty() {
+        if !options.allow_data_change {
+            return Err(Error::Data(format!(
+                "the training data changed since the checkpoint of step {}: {}; restore it, or \
+                 pass --allow-data-change to train on the data as it is now",
+                state.step,
+                changes.join("; ")
+            )));
+        }
+        for change in &changes {
+            tracing::warn!("--allow-data-change: {change}");
+        }
+    }
+    state.data = now;
+    Ok(())
+}
+
+/// What a run directory held before a run opened it, to remove what the opening created when
+/// it fails (`run.toml`, a W built, logs), keeping an alignment cache it built (reused by the
+/// next attempt) and removing the directory itself when it is left empty.
+struct Created {
+    dir: PathBuf,
+    entries: Option<Vec<std::ffi::OsString>>,
+}
+
+impl Created {
+    fn before(dir: &Path) -> Self {
+        let entries = std::fs::read_dir(dir)
+            .ok()
+            .map(|list| list.filter_map(|e| e.ok().map(|e| e.file_name())).collect());
+        Self {
+            dir: dir.to_path_buf(),
+            entries,
+        }
+    }
+
+    fn undo(self) {
+        let Ok(list) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let old = self.entries.unwrap_or_default();
+        for entry in list.flatten() {
+            let name = entry.file_name();
+            if old.contains(&name) || name == "data" {
+                continue;
+            }
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path).ok(),
+                _ => std::fs::remove_file(&path).ok(),
+            };
+        }
+        std::fs::remove_dir(&self.dir).ok();
+    }
 }
 
 /// A resumed run's changed configuration: with extended steps, where the schedule goes on
@@ -504,12 +620,21 @@ fn extend(
         }
         if how == Some(Extension::Decay) {
             let s = &started.training;
-            let lr = anchored_rate(
-                state.step,
-                s.steps,
-                (s.lr, s.warmup, s.min_lr),
-                state.decay_from,
-            );
+            let rate = |k| anchored_rate(k, s.steps, (s.lr, s.warmup, s.min_lr), state.decay_from);
+            // A finished run reached min_lr, 0 by default: the new decay starts from the last
+            // rate that trained, so that the new steps do not train at 0.
+            let lr = match rate(state.step) {
+                r if r > 0.0 => r,
+                _ => {
+                    let last = (0..state.step).rev().map(rate).find(|&r| r > 0.0);
+                    let lr = last.unwrap_or(s.lr);
+                    tracing::info!(
+                        "the run had decayed to a rate of 0; the new steps decay from {lr:.3e}, \
+                         the last rate it trained with"
+                    );
+                    lr
+                }
+            };
             state.decay_from = Some(DecayAnchor {
                 step: state.step,
                 lr,
@@ -550,9 +675,9 @@ fn held_out(
 
 /// Writes `text` to `path` through a temporary file renamed into place.
 fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    let partial = path.with_extension(format!("{}.partial", std::process::id()));
-    std::fs::write(&partial, text)
-        .and_then(|()| std::fs::rename(&partial, path))
+    let partial = xtoken_core::temporary::Temporary::beside(path, "partial");
+    std::fs::write(partial.path(), text)
+        .and_then(|()| partial.persist(path))
         .with_context(|| format!("{}", path.display()))
 }
 
@@ -597,6 +722,7 @@ fn restore<B: TrainBackend>(
         seconds: 0.0,
         teachers: teachers.iter().map(|t| t.settings.name.clone()).collect(),
         decay_from: None,
+        data: Vec::new(),
     };
     if !resume {
         return Ok(fresh);
@@ -626,13 +752,18 @@ fn start_loader(
     inputs: &RunInputs,
     worker: &Worker,
     state: LoaderState,
+    lenient: bool,
 ) -> Result<Loader> {
     let t = &config.training;
     let feed = match &inputs.cache {
         Some(cache) => Feed::Cache(cache.clone()),
         None => {
             let d = &config.data;
-            let stream = DocumentStream::open(
+            let open = match lenient {
+                true => DocumentStream::open_after_change,
+                false => DocumentStream::open,
+            };
+            let stream = open(
                 inputs.sources.clone(),
                 config.seed,
                 &d.text_field,

@@ -62,13 +62,7 @@ impl<B: TrainBackend> Teacher<B> {
                 (audit_choice(settings, student, teacher, &w, lead), Some(w))
             }
         };
-        if kind == LossKind::Kl && student.sha256() != teacher.sha256() {
-            return Err(Error::Config(format!(
-                "teachers[{m}].loss = \"kl\": KL needs the student's tokenizer, but {} differs from {}; use pkl, hkl, gold or uld",
-                teacher.path().display(),
-                student.path().display()
-            )));
-        }
+        check_kl(m, kind, student, teacher)?;
         let tables = common_tables(kind, student, teacher, w.as_ref(), widths)?;
         let projection = match (kind, &w) {
             (LossKind::Pkl, Some(w)) => {
@@ -198,6 +192,24 @@ pub fn dtype_of<B: Backend>(choice: DtypeChoice, device: &B::Device) -> DType {
         DtypeChoice::Auto if B::supports_dtype(device, DType::BF16) => DType::BF16,
         DtypeChoice::Auto => DType::F32,
     }
+}
+
+/// KL compares distributions token by token: teacher `m` may use it only with the student's
+/// tokenizer.
+pub fn check_kl(
+    m: usize,
+    kind: LossKind,
+    student: &Vocabulary,
+    teacher: &Vocabulary,
+) -> Result<()> {
+    if kind == LossKind::Kl && student.sha256() != teacher.sha256() {
+        return Err(Error::Config(format!(
+            "teachers[{m}].loss = \"kl\": KL needs the student's tokenizer, but {} differs from {}; use pkl, hkl, gold or uld",
+            teacher.path().display(),
+            student.path().display()
+        )));
+    }
+    Ok(())
 }
 
 /// Ids `[rows, len]` as a tensor.

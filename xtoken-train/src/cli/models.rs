@@ -239,15 +239,12 @@ pub struct ExportArgs {
 }
 
 pub fn export(args: ExportArgs) -> Result<()> {
-    refuse_overwriting(
-        &args.out,
-        &[("the --checkpoint directory", &args.checkpoint)],
-    )?;
     let start = Instant::now();
     let path = match args.config {
         Some(path) => path,
         None => xtoken_train::export::run_config_of(&args.checkpoint)?,
     };
+    xtoken_train::paths::refuse_holding(&args.out, &[("the run's configuration", &path)])?;
     let config = xtoken_train::RunConfig::load_saved(&path)?;
     let device = Default::default();
     let (out, step) = xtoken_train::export::export_checkpoint::<B>(

@@ -32,6 +32,10 @@ pub struct TrainArgs {
     /// the `collective` feature.
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<usize>,
+    /// With --resume, train on although the data's shards changed since the checkpoint
+    /// (rewritten, truncated, added or removed); without it that is an error naming them.
+    #[arg(long)]
+    pub allow_data_change: bool,
     /// Read and check everything the run needs (configuration, models' configurations and
     /// weight headers, tokenizers, every data shard's first document, W) and print the plan
     /// (steps, tokens, each teacher's loss, memory estimate) without training.
@@ -44,20 +48,23 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let mut config = RunConfig::load(&args.config)?;
     let kind = args.device.as_deref().unwrap_or(&config.device).parse()?;
     let devices = Devices::placed(kind, args.devices)?;
+    let options = RunOptions {
+        resume: args.resume,
+        stop_after: args.stop_after,
+        extend: args.extend_steps,
+        allow_data_change: args.allow_data_change,
+        config_file: Some(args.config.clone()),
+    };
     if args.check {
         if let Some(device) = args.device {
             config.device = device;
         }
         let processes = devices.placement.as_ref().map_or(1, |p| p.world);
         let workers = devices.indices.len().max(1) * processes;
-        println!("{}", xtoken_train::preflight::check(&config, workers)?);
+        let plan = xtoken_train::preflight::check(&config, workers, kind, &options)?;
+        println!("{plan}");
         return Ok(());
     }
-    let options = RunOptions {
-        resume: args.resume,
-        stop_after: args.stop_after,
-        extend: args.extend_steps,
-    };
     train_on(config, &options, &devices)?;
     Ok(())
 }

@@ -32,6 +32,7 @@
 
 mod background;
 pub mod batch;
+pub mod fingerprint;
 pub mod loader;
 pub mod packer;
 pub mod pipeline;

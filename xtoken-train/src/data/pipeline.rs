@@ -60,13 +60,31 @@ impl Pipeline {
     }
 
     /// Tokenizes `text` with every tokenizer (default encoding, special tokens included) and
-    /// aligns each teacher with the student.
+    /// aligns each teacher with the student. A text longer than [`PIECE_BYTES`] is cut into
+    /// pieces at whitespace, the same bytes for every tokenizer, each tokenized (the first with
+    /// its special tokens, the others as running text) and aligned on its own, and the pieces
+    /// joined: the DP over a whole very long document would need more memory than one alignment
+    /// may use.
     pub fn process(&self, ws: &mut Workspace, text: &str) -> Result<AlignedText> {
-        let student_ids = self.student.encode(text)?;
+        let mut pieces = pieces(text, PIECE_BYTES).into_iter();
+        let first = pieces.next().unwrap_or(text);
+        let mut whole = self.process_piece(ws, first, true)?;
+        for piece in pieces {
+            whole.append(self.process_piece(ws, piece, false)?);
+        }
+        Ok(whole)
+    }
+
+    fn process_piece(&self, ws: &mut Workspace, text: &str, first: bool) -> Result<AlignedText> {
+        let encode = |vocab: &Vocabulary| match first {
+            true => vocab.encode(text),
+            false => Ok(vocab.encode_pieces(&[text])?.swap_remove(0)),
+        };
+        let student_ids = encode(&self.student)?;
         let mut teachers = Vec::with_capacity(self.teachers.len());
         let mut respelled = Vec::with_capacity(self.teachers.len());
         for (vocab, aligner) in self.teachers.iter().zip(&self.aligners) {
-            let ids = vocab.encode(text)?;
+            let ids = encode(vocab)?;
             let alignment = aligner.align_with(ws, &student_ids, &ids)?;
             teachers.push((ids, alignment));
             respelled.push(!ws.same_text());
@@ -79,7 +97,63 @@ impl Pipeline {
     }
 }
 
+/// The longest text aligned in one DP (see [`Pipeline::process`]).
+pub const PIECE_BYTES: usize = 1 << 20;
+
+/// `text` cut into pieces of at most about `max` bytes, each ending before a whitespace
+/// character (after a sentence's end where one lies in the piece's last quarter); a stretch
+/// with no whitespace at all is cut at a character boundary.
+pub fn pieces(text: &str, max: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while rest.len() > max {
+        let mut end = max;
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        let window = &rest[..end];
+        let sentence = window[end * 3 / 4..]
+            .rfind(['.', '!', '?', '\n'])
+            .map(|i| end * 3 / 4 + i + 1)
+            .filter(|&i| rest[i..].starts_with(char::is_whitespace));
+        let space = window
+            .char_indices()
+            .rev()
+            .find(|&(i, c)| i > 0 && c.is_whitespace())
+            .map(|(i, _)| i);
+        let cut = sentence.or(space).unwrap_or(end);
+        out.push(&rest[..cut]);
+        rest = &rest[cut..];
+    }
+    out.push(rest);
+    out
+}
+
 impl AlignedText {
+    /// Appends the next piece of the same document: its ids after these, its chunks' positions
+    /// shifted past these.
+    pub fn append(&mut self, next: AlignedText) {
+        let shift = self.student_ids.len() as u32;
+        self.student_ids.extend(next.student_ids);
+        for ((ids, a), (more, b)) in self.teachers.iter_mut().zip(next.teachers) {
+            let teacher_shift = ids.len() as u32;
+            ids.extend(more);
+            a.chunks.extend(b.chunks.into_iter().map(|mut c| {
+                c.student.start += shift;
+                c.teacher.start += teacher_shift;
+                c
+            }));
+            a.student_len += b.student_len;
+            a.teacher_len += b.teacher_len;
+            a.score += b.score;
+            a.band_bytes = a.band_bytes.max(b.band_bytes);
+            a.band_edge_reached |= b.band_edge_reached;
+        }
+        for (r, more) in self.respelled.iter_mut().zip(next.respelled) {
+            *r |= more;
+        }
+    }
+
     /// The cache record of this document.
     pub fn record(&self) -> Result<Vec<u8>> {
         let teachers: Vec<(&[u32], &Alignment)> = self
@@ -404,4 +478,33 @@ pub fn open_or_build_cache(
         stats.seconds
     );
     Ok(AlignCache::open(&path)?)
+}
+
+#[cfg(test)]
+mod piece_tests {
+    use super::pieces;
+
+    #[test]
+    fn pieces_join_to_the_text_and_end_before_whitespace() {
+        let text = "One sentence here. Another one follows! ".repeat(50) + &"x".repeat(300);
+        let parts = pieces(&text, 128);
+        assert_eq!(parts.concat(), text);
+        for part in &parts[..parts.len() - 1] {
+            assert!(part.len() <= 128, "{part:?}");
+        }
+        // Cut before a whitespace: every later piece starts with one, up to the word run.
+        assert!(parts[1..parts.len() - 2]
+            .iter()
+            .all(|p| p.starts_with(char::is_whitespace)));
+        // A sentence end near the cut is preferred.
+        assert!(
+            parts[0].ends_with('.') || parts[0].ends_with('!'),
+            "{:?}",
+            parts[0]
+        );
+        // Multi-byte characters are never split.
+        let accents = "é".repeat(100);
+        assert_eq!(pieces(&accents, 33).concat(), accents);
+        assert_eq!(pieces("short", 128), vec!["short"]);
+    }
 }

@@ -250,6 +250,28 @@ impl DocumentStream {
         field: &str,
         at: Option<&StreamCursor>,
     ) -> Result<Self> {
+        Self::open_with(sources, seed, field, at, false)
+    }
+
+    /// As [`open`](Self::open), for data the user changed under a checkpoint on purpose
+    /// (`--allow-data-change`): a source whose position no longer fits its shards starts its
+    /// next epoch instead, with a warning.
+    pub fn open_after_change(
+        sources: Vec<Source>,
+        seed: u64,
+        field: &str,
+        at: Option<&StreamCursor>,
+    ) -> Result<Self> {
+        Self::open_with(sources, seed, field, at, true)
+    }
+
+    fn open_with(
+        sources: Vec<Source>,
+        seed: u64,
+        field: &str,
+        at: Option<&StreamCursor>,
+        lenient: bool,
+    ) -> Result<Self> {
         if sources.is_empty() || sources.iter().any(|s| s.shards.is_empty()) {
             return Err(Error::Data("the training data has no shard".into()));
         }
@@ -273,7 +295,17 @@ impl DocumentStream {
             .enumerate()
             .map(|(i, source)| {
                 let cursor = at.map(|at| at.sources[i]).unwrap_or_default();
-                SourceReader::open(i, source, seed, field, cursor)
+                match SourceReader::open(i, source.clone(), seed, field, cursor) {
+                    Err(e) if lenient => {
+                        tracing::warn!("{e}; the source starts its next epoch");
+                        let next = SourceCursor {
+                            epoch: cursor.epoch + 1,
+                            ..Default::default()
+                        };
+                        SourceReader::open(i, source, seed, field, next)
+                    }
+                    opened => opened,
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(DocumentStream {

@@ -1,0 +1,122 @@
+//! Files and directories written under a temporary name and renamed into place once whole.
+//! A [`Temporary`] removes what it names when dropped before [`Temporary::persist`] (an error on
+//! the way), and every living one is listed in a process-wide registry that
+//! [`remove_all`] empties: a command's interrupt handler calls it, so that Ctrl-C leaves no
+//! half-written file behind either.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The temporaries alive in this process.
+static REGISTRY: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn registry() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    REGISTRY
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A temporary file or directory, removed on drop unless persisted.
+#[derive(Debug)]
+pub struct Temporary {
+    path: PathBuf,
+    kept: bool,
+}
+
+impl Temporary {
+    /// Guards `path` (not created here: the caller writes it).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        registry().push(path.clone());
+        Self { path, kept: false }
+    }
+
+    /// A sibling of `target` for writing it: `<name>.<tag>-<pid>` in the same directory, so that
+    /// the rename into place stays on one file system and never replaces a file of the user's.
+    pub fn beside(target: &Path, tag: &str) -> Self {
+        let mut name = target
+            .file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_default();
+        name.push(format!(".{tag}-{}", std::process::id()));
+        Self::new(target.with_file_name(name))
+    }
+
+    /// The temporary path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Renames the temporary to `target` and stops guarding it.
+    pub fn persist(mut self, target: &Path) -> std::io::Result<()> {
+        std::fs::rename(&self.path, target)?;
+        self.release();
+        Ok(())
+    }
+
+    /// Stops guarding the path without touching it (it was moved or removed by the caller).
+    pub fn release(&mut self) {
+        self.kept = true;
+        let mut list = registry();
+        if let Some(i) = list.iter().position(|p| p == &self.path) {
+            list.swap_remove(i);
+        }
+    }
+}
+
+impl Drop for Temporary {
+    fn drop(&mut self) {
+        if !self.kept {
+            remove(&self.path);
+            self.release();
+        }
+    }
+}
+
+fn remove(path: &Path) {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path).ok(),
+        Ok(_) => std::fs::remove_file(path).ok(),
+        Err(_) => None,
+    };
+}
+
+/// Removes every temporary alive in this process (for an interrupt handler, which exits next).
+pub fn remove_all() {
+    let list = std::mem::take(&mut *registry());
+    for path in list {
+        remove(&path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropped_temporaries_vanish_persisted_ones_stay() {
+        let dir = std::env::temp_dir().join(format!("xtoken-temporary-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = dir.join("out.bin");
+        let t = Temporary::beside(&target, "tmp");
+        assert_eq!(
+            t.path().file_name().unwrap().to_string_lossy(),
+            format!("out.bin.tmp-{}", std::process::id())
+        );
+        std::fs::write(t.path(), b"x").unwrap();
+        t.persist(&target).unwrap();
+        assert!(target.exists());
+
+        let d = Temporary::beside(&dir.join("tree"), "tmp");
+        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+        let path = d.path().to_path_buf();
+        drop(d);
+        assert!(!path.exists());
+
+        // (`remove_all` is left to the command-line tests: here it would take the
+        // temporaries of the tests running beside this one.)
+        assert!(!registry().contains(&path));
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
