@@ -23,6 +23,11 @@ fn identity(path: &Path) -> Option<(u64, u64)> {
     Some((0, h.finish()))
 }
 
+/// Whether `a` and `b` are the same existing file or directory, however spelled.
+pub fn same(a: &Path, b: &Path) -> bool {
+    identity(a).is_some_and(|id| identity(b) == Some(id))
+}
+
 /// A tokenizer argument's files: the path given and, for a directory, its `tokenizer.json`.
 pub fn tokenizer_files(path: &Path) -> [std::path::PathBuf; 2] {
     [path.to_path_buf(), path.join("tokenizer.json")]

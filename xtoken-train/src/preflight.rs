@@ -16,7 +16,7 @@ use crate::config::{DtypeChoice, RunConfig};
 use crate::data::{DocumentReader, Source};
 use crate::error::{Context, Error, Result};
 use crate::inputs::RunInputs;
-use crate::paths::{refuse_holding, refuse_overwriting};
+use crate::paths::refuse_holding;
 use crate::run::RunOptions;
 use crate::step::ScalingScope;
 
@@ -232,14 +232,14 @@ pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -
         )));
     }
     if let (false, Some(file)) = (options.resume, &options.config_file) {
-        refuse_overwriting(&run_toml, &[("the --config file", file)]).map_err(|_| {
-            Error::Config(format!(
+        if crate::paths::same(file, &run_toml) {
+            return Err(Error::Config(format!(
                 "{}: the --config file is where the run records the configuration it starts \
                  with, and would be overwritten; keep your configuration outside output_dir or \
                  under another name",
                 file.display()
-            ))
-        })?;
+            )));
+        }
     }
     let student = out.join("student");
     crate::export::check_target(config, &student).context("output_dir")?;

@@ -153,14 +153,11 @@ impl<B: TrainBackend> Run<B> {
         )?;
         check_data(&inputs, &mut state, options)?;
         let pending_run_toml = match changed {
-            Some(_) if same_file(options, &config) => None,
-            Some((started, extended)) => Some(extend(
-                &config,
-                &started,
-                &mut state,
-                extended,
-                options.extend,
-            )?),
+            Some((started, extended)) => {
+                let text = extend(&config, &started, &mut state, extended, options.extend)?;
+                // The configuration file given is run.toml itself: it is never rewritten.
+                (!same_file(options, &config)).then_some(text)
+            }
             None => None,
         };
         if let Some(stop) = options.stop_after.filter(|&stop| stop <= state.step) {
@@ -531,10 +528,11 @@ fn lock_directory(out: &Path) -> Result<RunLock> {
 
 /// Whether the configuration file is the run directory's `run.toml` itself (never rewritten).
 fn same_file(options: &RunOptions, config: &RunConfig) -> bool {
-    options.config_file.as_ref().is_some_and(|file| {
-        let run_toml = config.output_dir.join("run.toml");
-        crate::paths::refuse_overwriting(&run_toml, &[("", file)]).is_err()
-    })
+    let run_toml = config.output_dir.join("run.toml");
+    options
+        .config_file
+        .as_ref()
+        .is_some_and(|file| crate::paths::same(file, &run_toml))
 }
 
 /// Compares the data's shards with those the checkpoint recorded (see

@@ -128,6 +128,18 @@ fn export_never_touches_a_file_it_did_not_write() {
     assert!(differences(&before, &snapshot(&run)).is_empty());
     std::fs::write(fresh.join("mine.txt"), "x").unwrap();
     refused(root, &args, "holds mine.txt");
+
+    // The run's final student replaced by a link to the student's model directory: resuming
+    // (or checking the resumption) would write the student over its own input.
+    std::fs::remove_dir_all(run.join("student")).unwrap();
+    symlink(&f.student, &run.join("student"));
+    let p = path.to_str().unwrap();
+    for args in [
+        &["train", "--config", p, "--resume"][..],
+        &["train", "--config", p, "--resume", "--check"],
+    ] {
+        refused(root, args, "the student's model directory");
+    }
 }
 
 /// `train` and `train --check` refuse, before anything loads and writing nothing, a run whose
@@ -421,8 +433,9 @@ fn an_interrupted_align_leaves_no_temporary_file() {
         tmp.exists(),
         "the cache is written under its temporary name"
     );
-    let killed = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+    // The shell's own `kill`, so that no separate package is needed.
+    let killed = std::process::Command::new("sh")
+        .args(["-c", &format!("kill -INT {}", child.id())])
         .status()
         .unwrap();
     assert!(killed.success());
