@@ -27,6 +27,25 @@ pub fn missing_cuda_driver() -> Option<String> {
     None
 }
 
+/// The free memory of CUDA device `ordinal` in bytes (`cuMemGetInfo` in its primary context);
+/// `None` without the `cuda` feature, a driver or such a device.
+pub fn cuda_free_memory(ordinal: usize) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    {
+        if missing_cuda_driver().is_some() {
+            return None;
+        }
+        let context = cudarc::driver::CudaContext::new(ordinal).ok()?;
+        let (free, _total) = context.mem_get_info().ok()?;
+        Some(free as u64)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = ordinal;
+        None
+    }
+}
+
 /// Runs one tiny operation on `device` (a zero uploaded and read back) on this thread; a panic
 /// of the backend's initialization comes back as its message, and is not printed.
 pub fn probe<B: Backend>(device: &B::Device) -> Result<(), String> {

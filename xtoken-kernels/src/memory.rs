@@ -11,6 +11,12 @@ pub trait DeviceMemory: Backend {
     fn reserved_bytes(_device: &Self::Device) -> Option<u64> {
         None
     }
+
+    /// Bytes of `device`'s memory free now (before a run loads its weights), where the backend
+    /// can say; host backends answer `None` (the host's available memory applies).
+    fn free_bytes(_device: &Self::Device) -> Option<u64> {
+        None
+    }
 }
 
 impl DeviceMemory for burn::backend::NdArray<f32> {}
@@ -18,6 +24,10 @@ impl DeviceMemory for burn::backend::NdArray<f32> {}
 impl<B: DeviceMemory, C: CheckpointStrategy> DeviceMemory for Autodiff<B, C> {
     fn reserved_bytes(device: &Self::Device) -> Option<u64> {
         B::reserved_bytes(device)
+    }
+
+    fn free_bytes(device: &Self::Device) -> Option<u64> {
+        B::free_bytes(device)
     }
 }
 
@@ -31,5 +41,9 @@ impl DeviceMemory for burn_cuda::Cuda {
         use cubecl::Runtime;
         let client = cubecl::cuda::CudaRuntime::client(device);
         client.memory_usage().ok().map(|usage| usage.bytes_reserved)
+    }
+
+    fn free_bytes(device: &Self::Device) -> Option<u64> {
+        crate::device::cuda_free_memory(device.index)
     }
 }

@@ -13,6 +13,7 @@ use xtoken_models::{Architecture, HfConfig};
 
 use crate::backend::DeviceKind;
 use crate::config::{DtypeChoice, RunConfig};
+use crate::data::pipeline::PIECE_BYTES;
 use crate::data::{DocumentReader, Source};
 use crate::error::{Context, Error, Result};
 use crate::inputs::RunInputs;
@@ -35,13 +36,28 @@ pub struct Preflight {
     pub student: (PathBuf, usize, DtypeChoice),
     /// Per teacher.
     pub teachers: Vec<TeacherPlan>,
-    /// Per data source (then the held-out text's): its name, shard count, bytes on disk, weight
-    /// (0 for held-out text).
-    pub sources: Vec<(String, usize, u64, f64)>,
+    /// Per data source, then the held-out text's.
+    pub sources: Vec<SourcePlan>,
     /// The alignment cache, when configured: its path and whether it exists.
     pub cache: Option<(PathBuf, bool)>,
     /// Estimated bytes of one device's memory.
     pub memory: MemoryEstimate,
+}
+
+/// One data source of the plan.
+#[derive(Debug, Clone)]
+pub struct SourcePlan {
+    /// Its name (the `data.path` entries it covers).
+    pub name: String,
+    /// Its shards.
+    pub shards: usize,
+    /// Their bytes on disk.
+    pub bytes: u64,
+    /// Its mixture weight (0 for held-out text).
+    pub weight: f64,
+    /// The shards whose first document is longer than one alignment takes whole, with its
+    /// length in bytes: it is aligned in pieces (see [`crate::data::pipeline::PIECE_BYTES`]).
+    pub long_documents: Vec<(PathBuf, usize)>,
 }
 
 /// One teacher of the plan.
@@ -125,10 +141,12 @@ pub fn check(
         };
         let held_out = crate::data::sources::sources(&data).context("eval.path");
         for source in failures.note(held_out).unwrap_or_default() {
-            if let Some((name, shards, bytes, _)) =
-                failures.note(read_first_documents(&data.text_field)(&source))
-            {
-                sources.push((format!("held-out {name}"), shards, bytes, 0.0));
+            if let Some(plan) = failures.note(read_first_documents(&data.text_field)(&source)) {
+                sources.push(SourcePlan {
+                    name: format!("held-out {}", plan.name),
+                    weight: 0.0,
+                    ..plan
+                });
             }
         }
     }
@@ -136,9 +154,14 @@ pub fn check(
         .filter_map(|m| failures.note(teacher_plan(config, &inputs, m)))
         .collect();
     let memory = failures.note(estimate(config, &inputs, accum.unwrap_or(1)));
-    if kind == DeviceKind::Cpu {
-        failures.note(check_host_memory(config, &inputs));
-    }
+    match kind {
+        DeviceKind::Cpu => failures.note(check_host_memory(config, &inputs)),
+        DeviceKind::Cuda => {
+            let free = xtoken_kernels::device::cuda_free_memory(0);
+            failures.note(check_device_memory(config, &inputs, free))
+        }
+        DeviceKind::Wgpu => None,
+    };
     let (Some(accum), Some(memory), true) = (accum, memory, failures.0.is_empty()) else {
         return Err(failures.into_error());
     };
@@ -265,8 +288,31 @@ pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -
 /// On the CPU, refuses a run whose estimated memory (see [`MemoryEstimate`]) is more than the
 /// machine has available, naming the estimate, the limit, the largest part and what to lower.
 pub fn check_host_memory(config: &RunConfig, inputs: &RunInputs) -> Result<()> {
+    let available = crate::machine::available_memory();
+    check_memory(config, inputs, available, "this machine has available")
+}
+
+/// On a GPU, refuses a run whose estimated memory is more than the device's free memory
+/// (`free`, where the backend reports it), as [`check_host_memory`] does on the CPU.
+pub fn check_device_memory(
+    config: &RunConfig,
+    inputs: &RunInputs,
+    free: Option<u64>,
+) -> Result<()> {
+    check_memory(config, inputs, free, "the device has free")
+}
+
+fn check_memory(
+    config: &RunConfig,
+    inputs: &RunInputs,
+    limit: Option<u64>,
+    whose: &str,
+) -> Result<()> {
     let accum = config.grad_accum(1)?;
     let m = estimate(config, inputs, accum)?;
+    let Some(limit) = limit.filter(|&limit| m.total() > limit) else {
+        return Ok(());
+    };
     let parts = [
         (m.student, "the student with gradients and AdamW"),
         (m.teachers, "the teachers' weights"),
@@ -284,11 +330,12 @@ pub fn check_host_memory(config: &RunConfig, inputs: &RunInputs) -> Result<()> {
         .iter()
         .max_by_key(|(bytes, _)| *bytes)
         .map_or("", |(_, what)| what);
-    crate::machine::check_fits(
-        "the run",
-        m.total(),
-        &format!("the largest part is {largest} (see `xtoken train --check`)"),
-    )
+    Err(Error::Config(format!(
+        "the run needs about {:.1} GB of memory, more than the {:.1} GB {whose}; the largest \
+         part is {largest} (see `xtoken train --check`)",
+        m.total() as f64 / 1e9,
+        limit as f64 / 1e9
+    )))
 }
 
 /// Opens a model directory's safetensors headers (no tensor is read).
@@ -298,14 +345,18 @@ fn open_weights(dir: &std::path::Path) -> Result<()> {
 }
 
 /// Checks that every shard of a source opens and yields the text of its first document.
-fn read_first_documents(field: &str) -> impl Fn(&Source) -> Result<(String, usize, u64, f64)> + '_ {
+fn read_first_documents(field: &str) -> impl Fn(&Source) -> Result<SourcePlan> + '_ {
     move |source| {
         let mut bytes = 0;
         let mut documents = 0;
+        let mut long_documents = Vec::new();
         for shard in &source.shards {
             let mut reader = DocumentReader::open(&shard.path, shard.format, field)?;
             if let Some(doc) = reader.next_doc()? {
-                reader.extractor().text(&doc)?;
+                let text = reader.extractor().text(&doc)?;
+                if text.len() > PIECE_BYTES {
+                    long_documents.push((shard.path.clone(), text.len()));
+                }
                 documents += 1;
             }
             bytes += std::fs::metadata(&shard.path).map_or(0, |m| m.len());
@@ -323,12 +374,13 @@ fn read_first_documents(field: &str) -> impl Fn(&Source) -> Result<(String, usiz
                     .join(", ")
             )));
         }
-        Ok((
-            source.name.clone(),
-            source.shards.len(),
+        Ok(SourcePlan {
+            name: source.name.clone(),
+            shards: source.shards.len(),
             bytes,
-            source.weight,
-        ))
+            weight: source.weight,
+            long_documents,
+        })
     }
 }
 
@@ -464,18 +516,29 @@ impl fmt::Display for Preflight {
                 t.name, t.parameters
             )?;
         }
-        let total: f64 = self.sources.iter().map(|s| s.3).sum();
-        for (name, shards, bytes, weight) in &self.sources {
-            let share = match *weight {
+        let total: f64 = self.sources.iter().map(|s| s.weight).sum();
+        for s in &self.sources {
+            let share = match s.weight {
                 0.0 => String::new(),
                 w => format!(", {:.0} % of the documents", 100.0 * w / total),
             };
             writeln!(
                 f,
-                "data {name}: {shards} shard(s), {} on disk{share} (first document of every \
-                 shard read)",
-                gb(*bytes),
+                "data {}: {} shard(s), {} on disk{share} (first document of every shard read)",
+                s.name,
+                s.shards,
+                gb(s.bytes),
             )?;
+            for (shard, bytes) in &s.long_documents {
+                writeln!(
+                    f,
+                    "  {}: its first document is {} long, more than one alignment takes whole: \
+                     aligned in pieces of at most {} MiB cut at whitespace",
+                    shard.display(),
+                    gb(*bytes as u64),
+                    PIECE_BYTES >> 20
+                )?;
+            }
         }
         if let Some((path, exists)) = &self.cache {
             let what = if *exists {

@@ -136,8 +136,9 @@ impl<B: TrainBackend> Run<B> {
         let changed = open_directory(&config, options, lead)?;
         let progress = Progress::new(lead, &config);
         let inputs = RunInputs::load(&config, progress.visible)?;
-        if config.device == "cpu" {
-            crate::preflight::check_host_memory(&config, &inputs)?;
+        match config.device.as_str() {
+            "cpu" => crate::preflight::check_host_memory(&config, &inputs)?,
+            _ => crate::preflight::check_device_memory(&config, &inputs, B::free_bytes(&device))?,
         }
         let mut teachers = (0..inputs.settings.len())
             .map(|m| Teacher::<B>::load(&config, &inputs, m, &device, lead))

@@ -326,7 +326,13 @@ fn a_very_long_document_is_aligned_in_pieces() {
     std::fs::write(&f.data, text).unwrap();
     let path = config(&f, "run", "");
     let check = xtoken(&["train", "--config", path.to_str().unwrap(), "--check"]);
+    let plan = String::from_utf8_lossy(&check.stdout).into_owned();
     ok(check);
+    assert!(
+        plan.contains("train.jsonl: its first document is 3.00 MB long")
+            && plan.contains("aligned in pieces of at most 1 MiB"),
+        "{plan}"
+    );
     ok(train(&path, &["--stop-after", "2"]));
 }
 
