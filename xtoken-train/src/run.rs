@@ -506,9 +506,6 @@ fn open_directory(
             .with_context(|| format!("--resume ({})", run_toml.display()))?;
         return Ok(Some((started, extended)));
     }
-    if options.extend.is_some() {
-        return Err(Error::Config("--extend-steps: only with --resume".into()));
-    }
     if checkpoint::any(&out.join("checkpoints"))? {
         return Err(Error::Run(format!(
             "{} already holds checkpoints: pass --resume to continue that run, or choose another output_dir",
