@@ -16,13 +16,16 @@ use crate::{
     TeacherEntries, XTokenBackend,
 };
 
-/// `stored · upstream`, the upstream gradient of a scalar loss being `[1]`.
+/// `stored · upstream`, the upstream gradient of a scalar loss being `[1]`: f32 as the loss's
+/// value is, cast to the stored gradient's dtype (that of its input).
 fn scaled<B: Backend, const D: usize>(
     stored: FloatTensor<B>,
     upstream: FloatTensor<B>,
 ) -> FloatTensor<B> {
     let stored = Tensor::<B, D>::from_primitive(TensorPrimitive::Float(stored));
-    let upstream = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(upstream)).reshape([1; D]);
+    let upstream = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(upstream))
+        .cast(stored.dtype())
+        .reshape([1; D]);
     (stored * upstream).into_primitive().tensor()
 }
 

@@ -189,12 +189,12 @@ where
 
 /// Uploads a result computed from f32 logits read in place.
 fn in_place_output<B: Backend>(found: host::HostLoss, src: &host::SliceRows<'_>) -> LossOutput<B> {
-    host::loss_to_device::<B>(
-        found,
-        src.shape(),
-        burn::tensor::DType::F32,
-        &Default::default(),
-    )
+    let f32 = burn::tensor::DType::F32;
+    let dtypes = host::OutputDtypes {
+        logits: f32,
+        weights: f32,
+    };
+    host::loss_to_device::<B>(found, src.shape(), dtypes, &Default::default())
 }
 
 use burn::backend::ndarray::NdArrayTensor;
@@ -215,3 +215,7 @@ fn ndarray_rows(t: &NdArrayTensor) -> Option<host::SliceRows<'_>> {
         _ => None,
     }
 }
+
+/// burn-flex (the CPU backend with f16 and bf16 tensors) runs the portable host implementation,
+/// which reads its logits of any float dtype a row chunk at a time and accumulates in f32.
+impl XTokenBackend for burn_flex::Flex {}

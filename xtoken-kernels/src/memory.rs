@@ -21,6 +21,8 @@ pub trait DeviceMemory: Backend {
 
 impl DeviceMemory for burn::backend::NdArray<f32> {}
 
+impl DeviceMemory for burn_flex::Flex {}
+
 impl<B: DeviceMemory, C: CheckpointStrategy> DeviceMemory for Autodiff<B, C> {
     fn reserved_bytes(device: &Self::Device) -> Option<u64> {
         B::reserved_bytes(device)

@@ -187,6 +187,8 @@ struct Outcome {
     value: f32,
     grad_logits: Vec<f32>,
     grad_weights: Option<Vec<f32>>,
+    /// The dtypes of the value, the logits' gradient and W's.
+    dtypes: (DType, DType, Option<DType>),
 }
 
 fn floats<B: Backend>(t: burn::tensor::ops::FloatTensor<B>) -> Vec<f32> {
@@ -258,7 +260,17 @@ fn evaluate<B: XTokenBackend>(
             weights: true,
         },
     })?;
+    let dtype = |t: &burn::tensor::ops::FloatTensor<B>| {
+        Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t.clone())).dtype()
+    };
+    let grad = out.grad_logits.as_ref().expect("asked for");
+    let dtypes = (
+        dtype(&out.value),
+        dtype(grad),
+        out.grad_weights.as_ref().map(dtype),
+    );
     Ok(Outcome {
+        dtypes,
         value: floats::<B>(out.value)[0],
         grad_logits: floats::<B>(flat::<B, 3>(out.grad_logits.expect("asked for"))),
         grad_weights: out.grad_weights.map(|g| floats::<B>(flat::<B, 2>(g))),
@@ -486,6 +498,10 @@ fn f16_logits_give_the_f32_result_to_f16_precision() {
             full.value
         );
         assert_close("f16 grad", &half.grad_logits, &full.grad_logits, 2e-2);
+        // The value is a reduction and meets other f32 values: f32 whatever the logits' dtype
+        // (an f16 value there would be read as f32's bits). Each gradient in its input's dtype.
+        let w = half.grad_weights.is_some().then_some(DType::F32);
+        assert_eq!(half.dtypes, (DType::F32, DType::F16, w), "{evaluation:?}");
     }
 }
 

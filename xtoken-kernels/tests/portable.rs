@@ -183,3 +183,67 @@ fn a_projection_without_entries_is_refused() {
     };
     assert!(err.to_string().contains("W has no entry"), "{err}");
 }
+
+/// burn-flex holds bf16 logits: every loss reads them, gives the f32 result to bf16's
+/// precision, and returns its value in f32 (a 16-bit value meeting the loss's other f32 values
+/// would be read as f32: a bf16 student's KD of about 1 came out as 2.28e-41, the bit pattern
+/// 0x3F80 read as an f32), the logits' gradient in bf16 (it flows into a bf16 output head) and
+/// W's in W's dtype.
+#[test]
+fn bf16_logits_give_an_f32_value_and_gradients_in_their_inputs_dtypes() {
+    use burn::tensor::DType;
+    use burn_flex::Flex;
+    let (vs, vt) = (support::STUDENT_VOCAB, support::TEACHER_VOCAB);
+    let (host, flex) = (Default::default(), Default::default());
+    let reference = {
+        let teacher = logits::<B>(1, [2, 6, vt], &host);
+        B::xt_teacher_entries(teacher.into_primitive().tensor(), &teacher_spec()).unwrap()
+    };
+    let teacher = logits::<Flex>(1, [2, 6, vt], &flex);
+    let entries = Flex::xt_teacher_entries(teacher.into_primitive().tensor(), &teacher_spec());
+    let entries = entries.unwrap();
+    let student = logits::<Flex>(2, [2, 6, vs], &flex).cast(DType::BF16);
+    let rounded = Tensor::<B, 3>::from_data(student.to_data().convert::<f32>(), &host);
+    for evaluation in evaluations() {
+        let what = format!("{evaluation:?}");
+        let out = evaluation
+            .run(small_inputs::<Flex>(&evaluation, &student, &entries, &flex))
+            .unwrap();
+        let want = evaluation
+            .run(small_inputs::<B>(&evaluation, &rounded, &reference, &host))
+            .unwrap();
+        let tensor = |t| Tensor::<Flex, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(t));
+        assert_eq!(tensor(out.value.clone()).dtype(), DType::F32, "{what}");
+        let (value, expected) = (
+            floats::<Flex, 1>(out.value)[0],
+            floats::<B, 1>(want.value)[0],
+        );
+        // The logits are the same bf16 values on both sides; only the upload of the teacher's
+        // entries and the order of the sums differ.
+        assert!(
+            (value - expected).abs() <= 1e-4 * expected.abs().max(1.0),
+            "{what}: flex {value} vs ndarray {expected}"
+        );
+        let grad = out.grad_logits.expect("asked for");
+        let grad_dtype =
+            Tensor::<Flex, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(grad.clone()))
+                .dtype();
+        assert_eq!(grad_dtype, DType::BF16, "{what}");
+        let (got, want_grad) = (
+            floats::<Flex, 3>(grad),
+            floats::<B, 3>(want.grad_logits.unwrap()),
+        );
+        let scale = want_grad.iter().fold(0f32, |m, g| m.max(g.abs()));
+        for (a, b) in got.iter().zip(&want_grad) {
+            // bf16 keeps 8 significant bits: a relative rounding of 2^-8 at most.
+            assert!(
+                (a - b).abs() <= 4e-3 * b.abs() + 1e-6 * scale,
+                "{what}: {a} vs {b}"
+            );
+        }
+        if let Some(gw) = out.grad_weights {
+            let gw = Tensor::<Flex, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(gw));
+            assert_eq!(gw.dtype(), DType::F32, "{what}: W's gradient");
+        }
+    }
+}

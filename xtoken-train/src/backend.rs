@@ -1,6 +1,6 @@
 //! The backends a run trains on, and the dispatch from a device name to one of them: `cpu`
-//! (burn's ndarray), `cuda` and `wgpu` (burn's `CubeBackend`, with the cubecl kernels; cargo
-//! features `cuda` and `wgpu`).
+//! (burn's ndarray), `flex` (burn-flex: the CPU with f16 and bf16 tensors), `cuda` and `wgpu`
+//! (burn's `CubeBackend`, with the cubecl kernels; cargo features `cuda` and `wgpu`).
 
 use std::str::FromStr;
 
@@ -30,10 +30,19 @@ where
 pub enum DeviceKind {
     /// burn's ndarray on the CPU.
     Cpu,
+    /// burn-flex on the CPU: f32, f16 and bf16 tensors, gemm matmuls.
+    Flex,
     /// burn's CUDA backend (cargo feature `cuda`).
     Cuda,
     /// burn's wgpu backend (cargo feature `wgpu`).
     Wgpu,
+}
+
+impl DeviceKind {
+    /// Whether the backend's memory is the host's.
+    pub fn on_host(self) -> bool {
+        matches!(self, DeviceKind::Cpu | DeviceKind::Flex)
+    }
 }
 
 impl FromStr for DeviceKind {
@@ -42,10 +51,11 @@ impl FromStr for DeviceKind {
     fn from_str(name: &str) -> Result<Self> {
         match name {
             "cpu" => Ok(DeviceKind::Cpu),
+            "flex" => Ok(DeviceKind::Flex),
             "cuda" => Ok(DeviceKind::Cuda),
             "wgpu" => Ok(DeviceKind::Wgpu),
             other => Err(Error::Config(format!(
-                "device = {other:?}: expected \"cpu\", \"cuda\" or \"wgpu\""
+                "device = {other:?}: expected \"cpu\", \"flex\", \"cuda\" or \"wgpu\""
             ))),
         }
     }
@@ -65,6 +75,11 @@ pub fn on_backend<W: OnBackend>(kind: DeviceKind, indices: &[usize], work: W) ->
     let one_each = |n: usize| n.max(1);
     match kind {
         DeviceKind::Cpu => work.run::<burn::backend::Autodiff<burn::backend::NdArray>>(
+            (0..one_each(indices.len()))
+                .map(|_| Default::default())
+                .collect(),
+        ),
+        DeviceKind::Flex => work.run::<burn::backend::Autodiff<burn_flex::Flex>>(
             (0..one_each(indices.len()))
                 .map(|_| Default::default())
                 .collect(),
@@ -109,7 +124,7 @@ pub fn on_backend<W: OnBackend>(kind: DeviceKind, indices: &[usize], work: W) ->
 /// would meet when it starts the device, named without starting it.
 pub fn check_available(kind: DeviceKind) -> Result<()> {
     match kind {
-        DeviceKind::Cpu => Ok(()),
+        DeviceKind::Cpu | DeviceKind::Flex => Ok(()),
         #[cfg(feature = "cuda")]
         DeviceKind::Cuda => match xtoken_kernels::device::missing_cuda_driver() {
             Some(missing) => Err(Error::Config(format!("device = \"cuda\": {missing}"))),
@@ -125,13 +140,15 @@ pub fn check_available(kind: DeviceKind) -> Result<()> {
 }
 
 /// Whether parameters of `choice` (the value of the configuration key `key`) can live on the
-/// backend `kind`: burn's ndarray holds f32 only, wgpu f32 and f16, CUDA also bf16. `auto`
-/// picks what the backend has.
+/// backend `kind`: burn's ndarray holds f32 only, wgpu f32 and f16, CUDA and burn-flex also
+/// bf16. `auto` picks what the backend has.
 pub fn check_dtype(kind: DeviceKind, choice: Result<DtypeChoice>, key: &str) -> Result<()> {
     let supported: &[DtypeChoice] = match kind {
         DeviceKind::Cpu => &[DtypeChoice::F32],
         DeviceKind::Wgpu => &[DtypeChoice::F32, DtypeChoice::F16],
-        DeviceKind::Cuda => &[DtypeChoice::F32, DtypeChoice::F16, DtypeChoice::Bf16],
+        DeviceKind::Cuda | DeviceKind::Flex => {
+            &[DtypeChoice::F32, DtypeChoice::F16, DtypeChoice::Bf16]
+        }
     };
     match choice? {
         DtypeChoice::Auto => Ok(()),

@@ -44,7 +44,8 @@ pub struct RunConfig {
     /// Seeds the data order (and nothing else is random).
     #[serde(default = "defaults::seed")]
     pub seed: u64,
-    /// `cpu` (ndarray), `cuda` or `wgpu`; `--device` overrides it.
+    /// `cpu` (ndarray), `flex` (burn-flex, the CPU with bf16), `cuda` or `wgpu`; `--device`
+    /// overrides it.
     #[serde(default = "defaults::device")]
     pub device: String,
     /// `[student]`.

@@ -39,7 +39,7 @@ impl Devices {
     pub fn placed(kind: DeviceKind, mut indices: Vec<usize>) -> Result<Self> {
         let placement = Placement::from_env()?;
         if let Some(p) = &placement {
-            if indices.is_empty() && kind != DeviceKind::Cpu && p.world > 1 {
+            if indices.is_empty() && !kind.on_host() && p.world > 1 {
                 let visible = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default();
                 let one_visible = kind == DeviceKind::Cuda && visible.split(',').count() == 1;
                 indices.push(if one_visible && !visible.trim().is_empty() {

@@ -75,6 +75,7 @@ pub mod optim;
 pub mod parallel;
 pub mod paths;
 pub mod preflight;
+pub mod profile;
 pub mod resume;
 pub mod rng;
 pub mod run;

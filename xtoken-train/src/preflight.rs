@@ -155,7 +155,7 @@ pub fn check(
         .collect();
     let memory = failures.note(estimate(config, &inputs, accum.unwrap_or(1)));
     match kind {
-        DeviceKind::Cpu => failures.note(check_host_memory(config, &inputs)),
+        DeviceKind::Cpu | DeviceKind::Flex => failures.note(check_host_memory(config, &inputs)),
         DeviceKind::Cuda => {
             let free = xtoken_kernels::device::cuda_free_memory(0);
             failures.note(check_device_memory(config, &inputs, free))
@@ -430,6 +430,7 @@ fn dtype_bytes(choice: DtypeChoice, gpu: bool) -> u64 {
 
 /// One device's memory: see [`MemoryEstimate`]'s parts.
 fn estimate(config: &RunConfig, inputs: &RunInputs, accum: usize) -> Result<MemoryEstimate> {
+    // Only ndarray lacks 16-bit floats (`auto` is f32 there).
     let gpu = config.device != "cpu";
     let t = &config.training;
     let s: &Architecture = &inputs.student_config.architecture;

@@ -137,7 +137,7 @@ impl<B: TrainBackend> Run<B> {
         let progress = Progress::new(lead, &config);
         let inputs = RunInputs::load(&config, progress.visible)?;
         match config.device.as_str() {
-            "cpu" => crate::preflight::check_host_memory(&config, &inputs)?,
+            "cpu" | "flex" => crate::preflight::check_host_memory(&config, &inputs)?,
             _ => crate::preflight::check_device_memory(&config, &inputs, B::free_bytes(&device))?,
         }
         let mut teachers = (0..inputs.settings.len())
@@ -325,8 +325,10 @@ impl<B: TrainBackend> Run<B> {
     /// The next optimizer step; returns its metrics.
     pub fn step(&mut self) -> Result<StepMetrics> {
         let started = Instant::now();
+        crate::profile::start_step();
         let n = self.state.step + 1;
         let batch = self.loader.next_step()?;
+        crate::profile::boundary::<B>(&self.device, || "data wait".into());
         let lr = self.rate_after(self.state.step);
         let t = &self.config.training;
         let rates = StepRates {
@@ -344,6 +346,7 @@ impl<B: TrainBackend> Run<B> {
             &self.device,
         )
         .with_context(|| format!("step {n}"))?;
+        crate::profile::end_step();
         self.state.step = n;
         self.state.loader = batch.state_after;
         self.state.tokens += outcome.tokens;

@@ -33,6 +33,7 @@ use crate::data::{MicroBatch, StepBatch};
 use crate::error::{Context, Error, Result};
 use crate::optim::{clip_global_norm, Trainable};
 use crate::parallel::{Exchange, Worker};
+use crate::profile;
 use crate::teachers::{ids_tensor, padding_tensor, Teacher};
 
 /// Where dynamic scaling's ratio `γ` and adaptive α are measured.
@@ -478,14 +479,26 @@ fn micro_step<B: TrainBackend>(
         device,
     );
     let next_token = &micro.teachers[0].plan.student.next_token;
+    let names: Vec<&str> = teachers.iter().map(|t| &t.settings.name[..]).collect();
     let mut recorded = None;
     let backward =
         student.forward_backward(ids, padding, setup.checkpointing, |model, hidden| {
+            profile::boundary::<B>(device, || "student: forward".into());
             let logits = model.logits_from_hidden(hidden);
-            let (total, parts) = objective(logits, next_token, &terms, &alphas, setup, balance)?;
+            profile::boundary::<B>(device, || "student: head (logits)".into());
+            let objective = Objective {
+                next_token,
+                terms: &terms,
+                names: &names,
+                alphas: &alphas,
+                setup,
+                balance,
+            };
+            let (total, parts) = objective.evaluate(logits, device)?;
             recorded = Some(parts);
             Ok::<_, Error>(total)
         })?;
+    profile::boundary::<B>(device, || "student: backward (recomputation)".into());
     let (ce, losses) = recorded.ok_or_else(|| Error::Run("the loss was not evaluated".into()))?;
     let confidence = confidence(targets, setup.weighting);
     let values = MicroValues {
@@ -525,43 +538,62 @@ type Parts<B> = (
 
 /// The loss pass 2 differentiates: `ce_share · L_CE + γ Σ_m α_m chunk_share_m L_m`, with `γ`
 /// the step's (fixed) or this micro-batch's own `sg(L_CE / Σ_m α_m L_m)` (floored, see
-/// [`scaling`]), or 1 without dynamic scaling; with its parts, detached from the graph so that
-/// no node outlives the backward pass.
-fn objective<B: AutodiffBackend + XTokenBackend>(
-    logits: Tensor<B, 3>,
-    next_token: &[i32],
-    terms: &[multi::Teacher<'_, B>],
-    alphas: &[f64],
-    setup: &LossSetup,
-    balance: &Balance<'_>,
-) -> Result<(Tensor<B, 1>, Parts<B>)> {
-    let ce =
-        ce::loss(logits.clone(), next_token, &setup.params).context("student cross-entropy")?;
-    let kd = multi::with_alphas(logits, terms, alphas.to_vec(), &setup.params)?;
-    let shared: Vec<f64> = alphas
-        .iter()
-        .zip(&balance.chunk_shares)
-        .map(|(a, share)| a * share)
-        .collect();
-    let mut weighted = ce.clone() * balance.ce_share;
-    let mut kd_shared = ce.zeros_like();
-    for (l, a) in kd.per_teacher.iter().zip(&shared) {
-        kd_shared = kd_shared + l.clone() * *a;
+/// [`scaling`]), or 1 without dynamic scaling.
+struct Objective<'a, B: AutodiffBackend + XTokenBackend> {
+    next_token: &'a [i32],
+    terms: &'a [multi::Teacher<'a, B>],
+    /// The teachers' names, for the profile.
+    names: &'a [&'a str],
+    alphas: &'a [f64],
+    setup: &'a LossSetup,
+    balance: &'a Balance<'a>,
+}
+
+impl<B: TrainBackend> Objective<'_, B> {
+    /// The loss on `logits`, with its parts detached from the graph so that no node outlives
+    /// the backward pass.
+    fn evaluate(
+        &self,
+        logits: Tensor<B, 3>,
+        device: &B::Device,
+    ) -> Result<(Tensor<B, 1>, Parts<B>)> {
+        let params = &self.setup.params;
+        let ce =
+            ce::loss(logits.clone(), self.next_token, params).context("student cross-entropy")?;
+        profile::boundary::<B>(device, || "loss: CE".into());
+        if let Some(a) = self.alphas.iter().find(|a| !a.is_finite()) {
+            return Err(Error::Run(format!("a teacher weight α is {a}")));
+        }
+        let mut per_teacher = Vec::with_capacity(self.terms.len());
+        for (term, name) in self.terms.iter().zip(self.names) {
+            per_teacher.push(evaluate(logits.clone(), term.targets, term.loss, params)?);
+            profile::boundary::<B>(device, || format!("loss: teacher {name}"));
+        }
+        let mut weighted = ce.clone() * self.balance.ce_share;
+        let (mut kd, mut kd_shared) = (ce.zeros_like(), ce.zeros_like());
+        for ((l, a), share) in per_teacher
+            .iter()
+            .zip(self.alphas)
+            .zip(&self.balance.chunk_shares)
+        {
+            kd = kd + l.clone() * *a;
+            kd_shared = kd_shared + l.clone() * (a * share);
+        }
+        if self.setup.dynamic_scaling {
+            let gamma = match self.balance.fixed.and_then(|f| f.gamma) {
+                Some(gamma) => ce.zeros_like() + gamma,
+                None => scaling::ratio(ce.clone(), kd),
+            };
+            weighted = weighted + kd_shared * gamma;
+        } else {
+            weighted = weighted + kd_shared;
+        }
+        let parts = (
+            ce.inner(),
+            per_teacher.into_iter().map(|l| l.inner()).collect(),
+        );
+        Ok((weighted, parts))
     }
-    if setup.dynamic_scaling {
-        let gamma = match balance.fixed.and_then(|f| f.gamma) {
-            Some(gamma) => ce.zeros_like() + gamma,
-            None => scaling::ratio(ce.clone(), kd.total.clone()),
-        };
-        weighted = weighted + kd_shared * gamma;
-    } else {
-        weighted = weighted + kd_shared;
-    }
-    let parts = (
-        ce.inner(),
-        kd.per_teacher.into_iter().map(|l| l.inner()).collect(),
-    );
-    Ok((weighted, parts))
 }
 
 /// What a step reports.
@@ -611,6 +643,7 @@ pub fn step<B: TrainBackend>(
         },
         device,
     )?;
+    profile::boundary::<B>(device, || "gradient exchange".into());
     let sums = Sums::unpack(&reduced.values, teachers.len());
     let values = sums.values(summed.alphas.as_deref(), setup.dynamic_scaling);
     if !(values.loss.is_finite()) {
@@ -622,6 +655,7 @@ pub fn step<B: TrainBackend>(
     let mut grads = reduced.student_grads;
     let grad_norm = clip_global_norm(&trainable.student, &mut grads, rates.grad_clip);
     trainable.step_student(rates.lr, grads);
+    profile::boundary::<B>(device, || "student: clipping + AdamW".into());
     for ((teacher, optim), grads) in teachers
         .iter_mut()
         .zip(&mut trainable.projections)
@@ -632,6 +666,9 @@ pub fn step<B: TrainBackend>(
                 teacher.projection = Some(optim.step(rates.projection_lr, w, grads));
             }
         }
+    }
+    if teachers.iter().any(|t| t.projection.is_some()) {
+        profile::boundary::<B>(device, || "W: AdamW".into());
     }
     Ok(StepOutcome {
         values,
@@ -669,6 +706,7 @@ fn accumulate<B: TrainBackend>(
         if pass_one {
             let targets = targets(teachers, micro, setup, device)?;
             let values = measure(student, teachers, &targets, micro, setup, device)?;
+            profile::boundary::<B>(device, || "student: pass 1 (forward, losses)".into());
             step.add(&c.clone().with_values(&values));
             *slot = Some(targets);
         } else {
@@ -680,6 +718,7 @@ fn accumulate<B: TrainBackend>(
             &worker.sum_values::<B>(step.pack(), device)?,
             teachers.len(),
         );
+        profile::boundary::<B>(device, || "exchange: pass 1 values".into());
     }
     let fixed = pass_one.then(|| {
         let statics: Vec<f64> = teachers.iter().map(|t| t.settings.alpha).collect();
@@ -714,6 +753,7 @@ fn accumulate<B: TrainBackend>(
                 *acc = Some(add_grads(w, acc.take(), g));
             }
         }
+        profile::boundary::<B>(device, || "gradient accumulation".into());
         sums.add(&c.clone().with_values(&outcome.values));
     }
     Ok(Summed {

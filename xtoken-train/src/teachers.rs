@@ -20,6 +20,7 @@ use crate::config::{DtypeChoice, RunConfig, TeacherSettings};
 use crate::data::TeacherBatch;
 use crate::error::{Context, Error, Result};
 use crate::inputs::{projection_for, RunInputs};
+use crate::profile;
 
 /// A teacher with everything its loss needs.
 pub struct Teacher<B: AutodiffBackend> {
@@ -136,13 +137,18 @@ impl<B: TrainBackend> Teacher<B> {
             .model
             .forward(ids, padding)
             .with_context(|| format!("teacher {}: forward", self.settings.name))?;
+        profile::boundary::<B>(device, || {
+            format!("teacher {}: forward", self.settings.name)
+        });
         let logits = Tensor::<B, 3>::from_inner(logits);
         let built = if matches!(weighting, Weighting::Adaptive(_)) {
             TeacherTargets::with_confidence(logits, &batch.plan, params)
         } else {
             TeacherTargets::new(logits, &batch.plan, params)
         };
-        built.with_context(|| format!("teacher {}", self.settings.name))
+        let built = built.with_context(|| format!("teacher {}", self.settings.name))?;
+        profile::boundary::<B>(device, || format!("teacher {}: top-K", self.settings.name));
+        Ok(built)
     }
 }
 

@@ -71,7 +71,7 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
         }
         grad
     });
-    let value = scaled_sum(&launcher, &terms, n, inv, z.dtype);
+    let value = scaled_sum(&launcher, &terms, n, inv);
     let output = LossOutput {
         value,
         grad_logits,

@@ -227,13 +227,7 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
         grad_weights: Option<CubeTensor<R>>,
     ) -> Result<LossOutput<B>, KernelError> {
         self.continuation_grad();
-        let value = scaled_sum(
-            &self.launcher,
-            &self.loss,
-            self.plan.valid,
-            self.scale,
-            self.z.dtype,
-        );
+        let value = scaled_sum(&self.launcher, &self.loss, self.plan.valid, self.scale);
         let output = LossOutput {
             value,
             grad_logits: self.grad,

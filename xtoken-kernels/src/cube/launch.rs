@@ -288,14 +288,15 @@ pub(super) fn row_lse<R: CubeRuntime>(
     RowLse { lse, bad }
 }
 
-/// The loss value as a `[1]` tensor of the logits' dtype: `scale · Σ terms`.
+/// The loss value as an f32 `[1]` tensor, whatever the logits' dtype: `scale · Σ terms`. A
+/// 16-bit value would meet the other f32 values of the loss and be read as f32 there.
 pub(super) fn scaled_sum<R: CubeRuntime>(
     launcher: &Launcher<R>,
     terms: &CubeTensor<R>,
     n: usize,
     scale: f32,
-    dtype: DType,
 ) -> CubeTensor<R> {
+    let dtype = DType::F32;
     let value = launcher.zeros(1, dtype);
     unsafe {
         kernels::scaled_sum::launch_unchecked::<R>(

@@ -18,7 +18,7 @@ pub fn cross_entropy<B: Backend>(
     row_chunk: usize,
     want_grad: bool,
 ) -> Result<LossOutput<B>, KernelError> {
-    on_tensor_rows(logits, |src| {
+    on_tensor_rows(logits, None, |src| {
         cross_entropy_from(src, targets, row_chunk, want_grad)
     })
 }

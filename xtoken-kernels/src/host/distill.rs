@@ -4,7 +4,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, TensorData, TensorMetadata};
 
 use super::hybrid::Hybrid;
 use super::kl::Kl;
@@ -93,58 +93,68 @@ pub fn distill<B: Backend>(
     spec: &DistillSpec,
     want: GradRequest,
 ) -> Result<LossOutput<B>, KernelError> {
-    on_tensor_rows(logits, |src| {
+    let weights_dtype = projection.as_ref().map(|p| p.weights.dtype());
+    on_tensor_rows(logits, weights_dtype, |src| {
         distill_from(src, teacher, projection, spec, want)
     })
 }
 
 /// Evaluates `f` on logits `[B, T, V]` of any backend, read one row chunk at a time, and
-/// uploads its result in the logits' dtype, on their device.
+/// uploads its result on their device (see [`loss_to_device`] for the dtypes).
 pub(super) fn on_tensor_rows<B: Backend>(
     logits: FloatTensor<B>,
+    weights_dtype: Option<DType>,
     f: impl FnOnce(&TensorRows<B>) -> Result<HostLoss, KernelError>,
 ) -> Result<LossOutput<B>, KernelError> {
     let tensor = float3::<B>(logits.clone());
     let host = f(&TensorRows::<B>::new(logits))?;
+    let dtypes = OutputDtypes {
+        logits: tensor.dtype(),
+        weights: weights_dtype.unwrap_or(DType::F32),
+    };
     Ok(loss_to_device(
         host,
         tensor.dims(),
-        tensor.dtype(),
+        dtypes,
         &tensor.device(),
     ))
 }
 
-/// Uploads a host result as the [`LossOutput`] tensors.
+/// The dtypes of the inputs whose gradients a loss returns.
+#[derive(Debug, Clone, Copy)]
+pub struct OutputDtypes {
+    /// The logits' (their gradient flows back into the output head in that dtype).
+    pub logits: DType,
+    /// W's values'.
+    pub weights: DType,
+}
+
+/// Uploads a host result as the [`LossOutput`] tensors: the value in f32 whatever the logits'
+/// dtype (a loss is a reduction, and its value meets other f32 values: a 16-bit value there
+/// would be read as f32), each gradient in the dtype of its input.
 pub fn loss_to_device<B: Backend>(
     host: HostLoss,
     shape: [usize; 3],
-    dtype: DType,
+    dtypes: OutputDtypes,
     device: &B::Device,
 ) -> LossOutput<B> {
-    let convert = |data: TensorData| {
-        if dtype == DType::F32 {
+    let upload = |data: TensorData, dtype: DType| {
+        let data = if dtype == DType::F32 {
             data
         } else {
             data.convert_dtype(dtype)
-        }
+        };
+        B::float_from_data(data, device)
     };
-    let value = Tensor::<B, 1>::from_data(
-        convert(TensorData::new(vec![host.value as f32], [1])),
-        device,
-    );
     let [_, _, v] = shape;
     LossOutput {
-        value: value.into_primitive().tensor(),
-        grad_logits: host.grad_logits.map(|g| {
-            Tensor::<B, 3>::from_data(convert(TensorData::new(g, shape)), device)
-                .into_primitive()
-                .tensor()
-        }),
+        value: upload(TensorData::new(vec![host.value as f32], [1]), DType::F32),
+        grad_logits: host
+            .grad_logits
+            .map(|g| upload(TensorData::new(g, shape), dtypes.logits)),
         grad_weights: host.grad_weights.map(|g| {
             let kw = g.len() / v.max(1);
-            Tensor::<B, 2>::from_data(convert(TensorData::new(g, [v, kw])), device)
-                .into_primitive()
-                .tensor()
+            upload(TensorData::new(g, [v, kw]), dtypes.weights)
         }),
     }
 }

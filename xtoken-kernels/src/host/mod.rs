@@ -29,7 +29,7 @@ pub mod rows;
 pub mod teacher;
 
 pub use ce::{cross_entropy, cross_entropy_from};
-pub use distill::{distill, distill_from, loss_to_device, HostLoss};
+pub use distill::{distill, distill_from, loss_to_device, HostLoss, OutputDtypes};
 pub use merge::log_sum_exp;
 #[cfg(feature = "cube")]
 pub(crate) use pkl::Columns;

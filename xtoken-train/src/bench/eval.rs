@@ -62,6 +62,7 @@ pub fn run(args: EvalBenchArgs) -> Result<()> {
     }
     match args.device {
         DeviceArg::Ndarray => run_on::<NdArray>(&args, &Default::default(), "CPU (ndarray)"),
+        DeviceArg::Flex => run_on::<burn_flex::Flex>(&args, &Default::default(), "CPU (flex)"),
         #[cfg(feature = "cuda")]
         DeviceArg::Cuda => run_on::<burn::backend::Cuda>(&args, &Default::default(), "CUDA"),
         #[cfg(not(feature = "cuda"))]

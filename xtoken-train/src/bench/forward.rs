@@ -22,6 +22,8 @@ use crate::cli::models::DtypeArg;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Preset {
+    /// A dry run's: vocab 32,000, hidden 64, 2 layers, 4 heads (2 KV), MLP 128, tied.
+    Tiny,
     /// ~100M parameters: vocab 32,000, hidden 768, 12 layers, 12 heads (4 KV), MLP 2048, tied.
     Llama100m,
     /// Llama-3.2-1B's shape: vocab 128,256, hidden 2048, 16 layers, 32 heads (8 KV), MLP 8192.
@@ -31,6 +33,7 @@ pub enum Preset {
 impl Preset {
     pub(crate) fn architecture(self) -> Architecture {
         match self {
+            Preset::Tiny => Architecture::llama(32_000, 64, 128, 2, 4, 2),
             Preset::Llama100m => Architecture::llama(32_000, 768, 2048, 12, 12, 4),
             Preset::Llama1b => {
                 let mut arch = Architecture::llama(128_256, 2048, 8192, 16, 32, 8);
@@ -47,6 +50,7 @@ impl Preset {
 
     pub(crate) fn name(self) -> &'static str {
         match self {
+            Preset::Tiny => "tiny Llama-shaped",
             Preset::Llama100m => "Llama-shaped 100M",
             Preset::Llama1b => "Llama-3.2-1B-shaped",
         }
@@ -67,10 +71,10 @@ pub struct ForwardBenchArgs {
     /// Timed steps per pass (after one untimed warm-up step).
     #[arg(long, default_value_t = 2)]
     steps: usize,
-    /// Where to run: `ndarray` (CPU), or `cuda` in a build with `--features cuda`.
+    /// Where to run: `ndarray` or `flex` (CPU), or `cuda` in a build with `--features cuda`.
     #[arg(long, value_enum, default_value_t = DeviceArg::Ndarray)]
     device: DeviceArg,
-    /// Parameter dtype (`bf16` and `f16` need a backend that has them: CUDA).
+    /// Parameter dtype (`bf16` and `f16` need a backend that has them: flex, CUDA).
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     dtype: DtypeArg,
 }
@@ -78,6 +82,8 @@ pub struct ForwardBenchArgs {
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DeviceArg {
     Ndarray,
+    /// burn-flex: the CPU with f16 and bf16.
+    Flex,
     Cuda,
 }
 
@@ -94,6 +100,7 @@ pub fn run(args: ForwardBenchArgs) -> Result<()> {
     }
     match args.device {
         DeviceArg::Ndarray => run_on::<NdArray>(&args, &Default::default(), "CPU (ndarray)"),
+        DeviceArg::Flex => run_on::<burn_flex::Flex>(&args, &Default::default(), "CPU (flex)"),
         #[cfg(feature = "cuda")]
         DeviceArg::Cuda => run_on::<burn::backend::Cuda>(&args, &Default::default(), "CUDA"),
         #[cfg(not(feature = "cuda"))]

@@ -15,6 +15,7 @@ use xtoken_kernels::memory::DeviceMemory;
 use xtoken_models::{Architecture, SaveDtype, Transformer};
 use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
 use xtoken_train::parallel::Worker;
+use xtoken_train::profile::{self, HostMemory, Phase, StepProfile};
 use xtoken_train::{Run, RunConfig, RunOptions};
 
 use super::alloc;
@@ -47,6 +48,13 @@ impl Body {
             }
         }
     }
+}
+
+/// A body's name on the command line (the teacher's name in the run, too).
+fn body_name(body: Body) -> String {
+    body.to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default()
 }
 
 /// Options of `xtoken bench train`.
@@ -95,6 +103,13 @@ pub struct TrainBenchArgs {
     /// Where the random models, the corpus and the run go (default: a temporary directory).
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Also time each phase of every step, the device synchronized at each phase's boundary
+    /// (which costs a GPU some overlap): a table for the first step and the mean of the next.
+    #[arg(long)]
+    profile: bool,
+    /// Writes the results (and the profile) as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 /// A varied synthetic corpus: prose with numerals, dates, amounts and code-like lines.
@@ -200,10 +215,23 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
         std::fs::remove_dir_all(&run_dir).ok();
         let config = RunConfig::parse(&config_text(&args, &work, &run_dir, scope))?;
         let kind = config.device.parse()?;
-        let timed = on_backend(kind, &[], Steps { config })?;
+        let steps = Steps {
+            config,
+            profile: args.profile,
+        };
+        let timed = on_backend(kind, &[], steps)?;
         rows.push((scope, timed));
     }
     print_table(&args, &rows);
+    if args.profile {
+        for (scope, timed) in &rows {
+            println!("\n{}", profile_table(scope, timed));
+        }
+    }
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report(&args, &rows))?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
     if args.work_dir.is_none() {
         std::fs::remove_dir_all(&work).ok();
     }
@@ -229,7 +257,7 @@ device = {device:?}
 [student]
 model = {student:?}
 [[teachers]]
-name = "teacher"
+name = {name:?}
 model = {teacher:?}
 loss = {loss:?}
 dtype = {dtype:?}
@@ -248,6 +276,7 @@ scaling_scope = {scope:?}
         device = args.device,
         student = student.display().to_string(),
         teacher = teacher.display().to_string(),
+        name = body_name(args.teacher),
         loss = args.loss,
         dtype = args.teacher_dtype,
         data = data.display().to_string(),
@@ -321,12 +350,21 @@ struct Timed {
     seconds: Vec<f64>,
     tokens: Vec<u64>,
     peak_bytes: u64,
+    /// The warm-up step's wall time.
+    first_seconds: f64,
+    /// Every step's phases, the warm-up step first (with `--profile`).
+    profiles: Vec<StepProfile>,
 }
 
 /// A run's steps on the backend its configuration names, one warm-up step first; no
 /// checkpoints and no exported student.
 struct Steps {
     config: RunConfig,
+    profile: bool,
+}
+
+fn heap_peak() -> u64 {
+    alloc::peak().max(0) as u64
 }
 
 impl OnBackend for Steps {
@@ -339,13 +377,23 @@ impl OnBackend for Steps {
         let device = devices.remove(0);
         let options = RunOptions::default();
         let mut run = Run::<B>::open(self.config, &options, device.clone(), Worker::alone())?;
+        if self.profile {
+            profile::record(Some(HostMemory {
+                reset_peak: alloc::reset_peak,
+                peak_bytes: heap_peak,
+            }));
+        }
+        let start = Instant::now();
         run.step()?;
+        let first_seconds = start.elapsed().as_secs_f64();
         let heap_base = alloc::current();
         alloc::reset_peak();
         let mut timed = Timed {
             seconds: Vec::new(),
             tokens: Vec::new(),
             peak_bytes: 0,
+            first_seconds,
+            profiles: Vec::new(),
         };
         while !run.done() {
             let (start, before) = (Instant::now(), run.state().tokens);
@@ -353,10 +401,141 @@ impl OnBackend for Steps {
             timed.seconds.push(start.elapsed().as_secs_f64());
             timed.tokens.push(run.state().tokens - before);
         }
+        timed.profiles = profile::finish();
         timed.peak_bytes = match B::reserved_bytes(&device) {
             Some(bytes) => bytes,
+            // The profile restarts the high-water mark at each phase: its phases hold it.
+            None if self.profile => timed.profiles[1..]
+                .iter()
+                .flat_map(|p| &p.phases)
+                .map(|p| p.memory_bytes)
+                .max()
+                .unwrap_or(0)
+                .saturating_sub(heap_base.max(0) as u64),
             None => alloc::peak_above(heap_base) as u64,
         };
         Ok(timed)
     }
+}
+
+/// The phases of the steps after the first, each the mean over those steps (memory: the
+/// largest).
+fn mean_phases(steps: &[StepProfile]) -> StepProfile {
+    let mut mean = StepProfile::default();
+    for step in steps {
+        for p in &step.phases {
+            match mean.phases.iter_mut().find(|m| m.name == p.name) {
+                Some(m) => {
+                    m.seconds += p.seconds;
+                    m.count += p.count;
+                    m.memory_bytes = m.memory_bytes.max(p.memory_bytes);
+                }
+                None => mean.phases.push(p.clone()),
+            }
+        }
+    }
+    let n = steps.len().max(1) as f64;
+    for m in &mut mean.phases {
+        m.seconds /= n;
+        m.count = (m.count as f64 / n).round() as u32;
+    }
+    mean
+}
+
+/// The profile of one run as Markdown: the first step, the mean of the next, and how much of
+/// the measured step the phases account for.
+fn profile_table(scope: &str, timed: &Timed) -> String {
+    let Some((first, rest)) = timed.profiles.split_first() else {
+        return String::new();
+    };
+    let mean = mean_phases(rest);
+    let step = mean_of(&timed.seconds);
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let mut out = format!(
+        "Phases (scaling scope {scope}): first step {:.3} s, then {:.3} s per step\n\n\
+         | phase | runs | first step (s) | next steps, mean (s) | share | memory in use (GiB) |\n\
+         |---|---|---|---|---|---|\n",
+        timed.first_seconds, step
+    );
+    let seconds_in = |profile: &StepProfile, name: &str| {
+        profile
+            .phases
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.seconds)
+            .unwrap_or(0.0)
+    };
+    let names = first
+        .phases
+        .iter()
+        .chain(&mean.phases)
+        .map(|p: &Phase| &p.name);
+    let mut seen: Vec<&String> = Vec::new();
+    for name in names {
+        if seen.contains(&name) {
+            continue;
+        }
+        seen.push(name);
+        let p = mean
+            .phases
+            .iter()
+            .chain(&first.phases)
+            .find(|p| &p.name == name);
+        let (runs, memory) = p.map(|p| (p.count, p.memory_bytes)).unwrap_or((0, 0));
+        let next = seconds_in(&mean, name);
+        out += &format!(
+            "| {name} | {runs} | {:.4} | {:.4} | {:.1} % | {:.2} |\n",
+            seconds_in(first, name),
+            next,
+            100.0 * next / step.max(1e-12),
+            gib(memory)
+        );
+    }
+    out += &format!(
+        "\nThe phases add up to {:.1} % of the first step and {:.1} % of the next.\n",
+        100.0 * first.seconds() / timed.first_seconds.max(1e-12),
+        100.0 * mean.seconds() / step.max(1e-12)
+    );
+    out
+}
+
+fn mean_of(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
+/// The results as JSON: the settings, and per scaling scope the timed steps and their phases.
+fn report(args: &TrainBenchArgs, rows: &[(&String, Timed)]) -> serde_json::Value {
+    let runs: Vec<_> = rows
+        .iter()
+        .map(|(scope, timed)| {
+            let mut run = serde_json::json!({
+                "scaling_scope": scope,
+                "first_step_seconds": timed.first_seconds,
+                "step_seconds": timed.seconds,
+                "mean_step_seconds": mean_of(&timed.seconds),
+                "student_tokens": timed.tokens,
+                "peak_memory_bytes": timed.peak_bytes,
+            });
+            if let Some((first, rest)) = timed.profiles.split_first() {
+                run["profile"] = serde_json::json!({
+                    "first_step": first,
+                    "next_steps_mean": mean_phases(rest),
+                    "next_steps": rest,
+                });
+            }
+            run
+        })
+        .collect();
+    serde_json::json!({
+        "device": args.device,
+        "student": body_name(args.student),
+        "teacher": body_name(args.teacher),
+        "loss": args.loss,
+        "context": args.context,
+        "micro_batch": args.micro_batch,
+        "grad_accum": args.grad_accum.max(1),
+        "top_k": args.top_k,
+        "teacher_dtype": args.teacher_dtype,
+        "runs": runs,
+    })
 }

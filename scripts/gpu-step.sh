@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The GPU figures of one training step in one command, for a machine that has only the xtoken
+# binary and the tokenizers: the phase profile of `xtoken bench train` (Llama-3.2-1B-shaped
+# student <- Qwen3-4B-shaped teacher, P-KL, 1 x 4096 tokens, top-K 8192), `bench forward` in bf16
+# (forward, forward + backward) and `bench kernels`, each under its own time limit, written as
+# they finish into OUT/report.md and OUT/report.json (with each run's own output beside them).
+#
+# Usage: scripts/gpu-step.sh OUT
+# Environment:
+#   XTOKEN                 the binary (default: xtoken on PATH, else target/release/xtoken)
+#   XTOKEN_TOKENIZERS_DIR  holds llama-3.2/ and qwen3/ (their tokenizer.json)
+#   DEVICE                 cuda (default), or cpu for the dry run: tiny bodies, short sequences
+#   TORCH_BASELINE         optional: a PyTorch script printing one JSON line (tokens/s, memory)
+#                          for the same step, run first as the anchor
+#   LIMIT_S                seconds each run may take (default 300)
+# OUT must not exist or be empty: nothing in it is overwritten.
+set -uo pipefail
+
+out="${1:?usage: scripts/gpu-step.sh OUT}"
+if [ -e "$out" ] && [ -n "$(ls -A "$out" 2>/dev/null)" ]; then
+    echo "error: $out exists and is not empty; give a new directory" >&2
+    exit 2
+fi
+mkdir -p "$out" || exit 2
+xtoken="${XTOKEN:-$(command -v xtoken || echo target/release/xtoken)}"
+tokenizers="${XTOKEN_TOKENIZERS_DIR:?set XTOKEN_TOKENIZERS_DIR to the folder with llama-3.2/ and qwen3/}"
+device="${DEVICE:-cuda}"
+limit="${LIMIT_S:-300}"
+for t in llama-3.2 qwen3; do
+    if [ ! -f "$tokenizers/$t/tokenizer.json" ]; then
+        echo "error: $tokenizers/$t/tokenizer.json is missing" >&2
+        exit 2
+    fi
+done
+if [ ! -x "$xtoken" ]; then
+    echo "error: no xtoken binary at $xtoken (set XTOKEN)" >&2
+    exit 2
+fi
+
+# The paper's shapes on a GPU; tiny ones for the CPU dry run (same commands, same report).
+if [ "$device" = cpu ]; then
+    student=tiny teacher=tiny context=64 top_k=256 steps=1 preset=tiny len=64
+    kernels=(--device ndarray --rows 64 --student-vocab 2048 --teacher-vocab 3072 --top-k 64 --runs 1)
+    forward_device=ndarray forward_dtype=f32
+else
+    student=llama1b teacher=qwen4b context=4096 top_k=8192 steps=3 preset=llama1b len=4096
+    kernels=(--device "$device" --dtype bf16)
+    forward_device="$device" forward_dtype=bf16
+fi
+
+report="$out/report.md"
+status=()
+# Runs one part with its time limit, its output in OUT/NAME.md and its log in OUT/NAME.log,
+# written directly (a run cut at its limit still leaves them); records how it ended.
+part() {
+    local name=$1
+    shift
+    local started=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.md" 2>"$out/$name.log"
+    local code=$?
+    local took=$((SECONDS - started))
+    local how="exit $code"
+    [ "$code" = 124 ] && how="cut at the ${limit} s limit"
+    status+=("\"$name\": {\"exit\": $code, \"seconds\": $took}")
+    {
+        echo
+        echo "## $name ($how, ${took} s)"
+        echo
+        echo '```'
+        echo "$*"
+        echo '```'
+        echo
+        cat "$out/$name.md"
+        if [ "$code" != 0 ]; then
+            echo
+            echo "Last lines of $name.log:"
+            echo '```'
+            tail -n 15 "$out/$name.log"
+            echo '```'
+        fi
+    } >>"$report"
+    return 0
+}
+
+{
+    echo "# xtoken: one training step on $device"
+    echo
+    echo "Date: $(date -u +%Y-%m-%dT%H:%MZ). Host: $(hostname). CPU: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)."
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        echo "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n 1)."
+    fi
+    echo "Binary: $xtoken. Each part below ran under a ${limit} s limit."
+} >"$report"
+
+if [ -n "${TORCH_BASELINE:-}" ]; then
+    part torch-baseline python3 "$TORCH_BASELINE" --context "$context" --steps "$steps" --top-k "$top_k"
+fi
+part train-f32 "$xtoken" bench train --device "$device" \
+    --student-tokenizer "$tokenizers/llama-3.2" --teacher-tokenizer "$tokenizers/qwen3" \
+    --student "$student" --teacher "$teacher" --loss pkl --context "$context" --top-k "$top_k" \
+    --steps "$steps" --profile --json "$out/train-f32.json"
+part forward "$xtoken" bench forward --device "$forward_device" --preset "$preset" --len "$len" \
+    --dtype "$forward_dtype"
+part kernels "$xtoken" bench kernels "${kernels[@]}"
+
+{
+    echo "{"
+    echo "  \"device\": \"$device\","
+    echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%MZ)\","
+    echo "  \"parts\": {$(IFS=,; echo "${status[*]}")},"
+    if [ -s "$out/train-f32.json" ]; then
+        echo "  \"train_f32\": $(cat "$out/train-f32.json")"
+    else
+        echo "  \"train_f32\": null"
+    fi
+    echo "}"
+} >"$out/report.json"
+echo "wrote $report and $out/report.json"

@@ -1,0 +1,164 @@
+//! `xtoken bench train --profile`: every phase of a step is named, runs as often as it should,
+//! reports its memory, and the phases add up to the step measured around it.
+
+mod fixture;
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use fixture::{fixture, ok, xtoken};
+use serde_json::Value;
+
+/// The phases one step of one teacher with a learnable W runs, with the times each runs over
+/// two micro-batches under the step scope (pass 1 first).
+const PHASES: [(&str, u64); 13] = [
+    ("data wait", 1),
+    ("teacher tiny: forward", 2),
+    ("teacher tiny: top-K", 2),
+    ("student: pass 1 (forward, losses)", 2),
+    ("student: forward", 2),
+    ("student: head (logits)", 2),
+    ("loss: CE", 2),
+    ("loss: teacher tiny", 2),
+    ("student: backward (recomputation)", 2),
+    ("gradient accumulation", 2),
+    ("gradient exchange", 1),
+    ("student: clipping + AdamW", 1),
+    ("W: AdamW", 1),
+];
+
+fn phase_seconds(profile: &Value) -> f64 {
+    profile["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .map(|p| p["seconds"].as_f64().expect("seconds"))
+        .sum()
+}
+
+#[test]
+fn the_phases_add_up_to_the_step() {
+    let f = fixture("profile");
+    let (json, work) = (f.dir.0.join("profile.json"), f.dir.0.join("bench"));
+    let tokenizer = |dir: &std::path::Path| dir.join("tokenizer.json").display().to_string();
+    let out = xtoken(&[
+        "bench",
+        "train",
+        "--student-tokenizer",
+        &tokenizer(&f.student),
+        "--teacher-tokenizer",
+        &tokenizer(&f.teacher),
+        "--context",
+        "48",
+        "--grad-accum",
+        "2",
+        "--top-k",
+        "32",
+        "--steps",
+        "2",
+        "--loss",
+        "pkl",
+        "--profile",
+        "--json",
+        json.to_str().unwrap(),
+        "--work-dir",
+        work.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ok(out);
+    assert!(stdout.contains("| phase | runs |"), "{stdout}");
+    assert!(stdout.contains("The phases add up to"), "{stdout}");
+
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["grad_accum"], 2);
+    let run = &report["runs"][0];
+    assert_eq!(run["scaling_scope"], "step");
+    let profile = &run["profile"];
+    let steps = profile["next_steps"].as_array().expect("next_steps");
+    let measured = run["step_seconds"].as_array().expect("step_seconds");
+    assert_eq!(steps.len(), 2);
+    assert_eq!(measured.len(), 2);
+
+    let mut pairs = vec![(
+        &profile["first_step"],
+        run["first_step_seconds"].as_f64().unwrap(),
+    )];
+    pairs.extend(
+        steps
+            .iter()
+            .zip(measured.iter().map(|s| s.as_f64().unwrap())),
+    );
+    for (step, wall) in pairs {
+        let sum = phase_seconds(step);
+        assert!(
+            (sum - wall).abs() <= 0.05 * wall,
+            "the phases add up to {sum} s of a {wall} s step"
+        );
+        let phases = step["phases"].as_array().unwrap();
+        let names: Vec<(&str, u64)> = phases
+            .iter()
+            .map(|p| (p["name"].as_str().unwrap(), p["count"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(names, PHASES, "the phases and their runs");
+        for p in phases {
+            assert!(p["memory_bytes"].as_u64().unwrap() > 0, "{p}");
+            assert!(p["seconds"].as_f64().unwrap() >= 0.0, "{p}");
+        }
+    }
+    let mean = &profile["next_steps_mean"];
+    let mean_wall = run["mean_step_seconds"].as_f64().unwrap();
+    assert!((phase_seconds(mean) - mean_wall).abs() <= 0.05 * mean_wall);
+}
+
+/// `scripts/gpu-step.sh`'s dry run on the CPU: the same commands at tiny shapes, every part
+/// ending well, the report in Markdown and JSON, and an OUT that holds anything refused.
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn the_gpu_step_script_runs_dry_on_the_cpu() {
+    let tokenizers = support::tokenizers_dir();
+    let work = std::env::temp_dir().join(format!("xtoken-gpu-step-{}", std::process::id()));
+    std::fs::remove_dir_all(&work).ok();
+    let out = work.join("report");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-step.sh");
+    let run = || {
+        std::process::Command::new("bash")
+            .arg(&script)
+            .arg(&out)
+            .env("XTOKEN", env!("CARGO_BIN_EXE_xtoken"))
+            .env("XTOKEN_TOKENIZERS_DIR", &tokenizers)
+            .env("DEVICE", "cpu")
+            .env("LIMIT_S", "300")
+            .output()
+            .unwrap()
+    };
+    let done = run();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{stderr}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    for part in ["train-f32", "forward", "kernels"] {
+        assert_eq!(report["parts"][part]["exit"], 0, "{part}: {report}");
+    }
+    let steps = report["train_f32"]["runs"][0]["profile"]["next_steps"]
+        .as_array()
+        .expect("the profile's steps");
+    assert_eq!(steps.len(), 1);
+    let markdown = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for heading in [
+        "## train-f32 (exit 0",
+        "## forward (exit 0",
+        "## kernels (exit 0",
+    ] {
+        assert!(markdown.contains(heading), "{heading}:\n{markdown}");
+    }
+    assert!(markdown.contains("| teacher tiny: top-K |"), "{markdown}");
+
+    // Run again into the same OUT: refused, and the report is kept.
+    let again = run();
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("is not empty"));
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.md")).unwrap(),
+        markdown
+    );
+    std::fs::remove_dir_all(&work).ok();
+}
