@@ -85,33 +85,6 @@ impl TensorSource for RandomSource {
     }
 }
 
-#[cfg(test)]
-mod random_tests {
-    use super::*;
-
-    /// The parallel draws are splitmix64's stream drawn in turn: the values, and the state the
-    /// next tensor starts from.
-    #[test]
-    fn parallel_draws_are_the_sequential_stream() {
-        let mut state = 7u64;
-        let mut next = || {
-            state = state.wrapping_add(GOLDEN);
-            ((mix(state) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-        };
-        let mut want = Vec::new();
-        for _ in 0..1000 {
-            let (u, v) = (next(), next());
-            let normal = (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos();
-            want.push((normal * 0.02f32 as f64) as f32);
-        }
-        let following = next();
-        let mut source = RandomSource { state: 7 };
-        let got = source.values("w", &[10, 100], Init::Normal(0.02)).unwrap();
-        assert_eq!(got, want);
-        assert_eq!(uniform_at(source.state, 1), following);
-    }
-}
-
 fn check_dtype<B: Backend>(dtype: DType, device: &B::Device) -> Result<()> {
     if dtype.is_float() && B::supports_dtype(device, dtype) {
         Ok(())
@@ -311,5 +284,32 @@ fn check_layer_count(config: &HfConfig, checkpoint: &Checkpoint) -> Result<()> {
             ),
         }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod random_tests {
+    use super::*;
+
+    /// The parallel draws are splitmix64's stream drawn in turn: the values, and the state the
+    /// next tensor starts from.
+    #[test]
+    fn parallel_draws_are_the_sequential_stream() {
+        let mut state = 7u64;
+        let mut next = || {
+            state = state.wrapping_add(GOLDEN);
+            ((mix(state) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        let mut want = Vec::new();
+        for _ in 0..1000 {
+            let (u, v) = (next(), next());
+            let normal = (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos();
+            want.push((normal * 0.02f32 as f64) as f32);
+        }
+        let following = next();
+        let mut source = RandomSource { state: 7 };
+        let got = source.values("w", &[10, 100], Init::Normal(0.02)).unwrap();
+        assert_eq!(got, want);
+        assert_eq!(uniform_at(source.state, 1), following);
     }
 }
