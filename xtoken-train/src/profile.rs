@@ -5,7 +5,7 @@
 //!
 //! A GPU runs ahead of the host, so a phase is only timed truly with the device synchronized at
 //! its boundary; those synchronizations stall the pipeline, so they happen only while a
-//! profile is being recorded on the thread ([`record`]). Otherwise [`boundary`] is one
+//! profile is being recorded on the thread ([`record`]). Otherwise a phase boundary is one
 //! thread-local check and nothing more.
 
 use std::cell::RefCell;
