@@ -52,19 +52,16 @@ impl StepProfile {
         self.phases.iter().map(|p| p.seconds).sum()
     }
 
-    fn add(&mut self, name: String, seconds: f64, memory_bytes: u64) {
-        match self.phases.iter_mut().find(|p| p.name == name) {
+    /// Adds `phase` to the phase of its name (seconds and runs summed, memory the largest), or
+    /// appends it.
+    pub fn absorb(&mut self, phase: &Phase) {
+        match self.phases.iter_mut().find(|p| p.name == phase.name) {
             Some(p) => {
-                p.seconds += seconds;
-                p.count += 1;
-                p.memory_bytes = p.memory_bytes.max(memory_bytes);
+                p.seconds += phase.seconds;
+                p.count += phase.count;
+                p.memory_bytes = p.memory_bytes.max(phase.memory_bytes);
             }
-            None => self.phases.push(Phase {
-                name,
-                seconds,
-                count: 1,
-                memory_bytes,
-            }),
+            None => self.phases.push(phase.clone()),
         }
     }
 }
@@ -137,7 +134,12 @@ pub(crate) fn boundary<B: Backend + DeviceMemory>(
                 (None, Some(host)) => (host.peak_bytes)(),
                 (None, None) => 0,
             };
-            r.current.add(name(), seconds, memory);
+            r.current.absorb(&Phase {
+                name: name(),
+                seconds,
+                count: 1,
+                memory_bytes: memory,
+            });
             if let Some(host) = r.host {
                 (host.reset_peak)();
             }

@@ -561,28 +561,27 @@ impl<B: TrainBackend> Objective<'_, B> {
         let ce =
             ce::loss(logits.clone(), self.next_token, params).context("student cross-entropy")?;
         profile::boundary::<B>(device, || "loss: CE".into());
-        if let Some(a) = self.alphas.iter().find(|a| !a.is_finite()) {
-            return Err(Error::Run(format!("a teacher weight α is {a}")));
-        }
+        // Each teacher's loss on its own, so that the profile times each.
         let mut per_teacher = Vec::with_capacity(self.terms.len());
         for (term, name) in self.terms.iter().zip(self.names) {
             per_teacher.push(evaluate(logits.clone(), term.targets, term.loss, params)?);
             profile::boundary::<B>(device, || format!("loss: teacher {name}"));
         }
+        let kd = multi::combine(per_teacher, self.alphas.to_vec(), device)?;
         let mut weighted = ce.clone() * self.balance.ce_share;
-        let (mut kd, mut kd_shared) = (ce.zeros_like(), ce.zeros_like());
-        for ((l, a), share) in per_teacher
+        let mut kd_shared = ce.zeros_like();
+        for ((l, a), share) in kd
+            .per_teacher
             .iter()
             .zip(self.alphas)
             .zip(&self.balance.chunk_shares)
         {
-            kd = kd + l.clone() * *a;
             kd_shared = kd_shared + l.clone() * (a * share);
         }
         if self.setup.dynamic_scaling {
             let gamma = match self.balance.fixed.and_then(|f| f.gamma) {
                 Some(gamma) => ce.zeros_like() + gamma,
-                None => scaling::ratio(ce.clone(), kd),
+                None => scaling::ratio(ce.clone(), kd.total),
             };
             weighted = weighted + kd_shared * gamma;
         } else {
@@ -590,7 +589,7 @@ impl<B: TrainBackend> Objective<'_, B> {
         }
         let parts = (
             ce.inner(),
-            per_teacher.into_iter().map(|l| l.inner()).collect(),
+            kd.per_teacher.into_iter().map(|l| l.inner()).collect(),
         );
         Ok((weighted, parts))
     }

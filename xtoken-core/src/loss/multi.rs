@@ -135,19 +135,29 @@ pub fn with_alphas<B: XTokenBackend>(
     alphas: Vec<f64>,
     params: &LossParams,
 ) -> Result<MultiTeacherLoss<B>> {
-    if alphas.len() != teachers.len() || alphas.iter().any(|a| !a.is_finite()) {
+    let per_teacher = teachers
+        .iter()
+        .map(|t| evaluate(student_logits.clone(), t.targets, t.loss, params))
+        .collect::<Result<Vec<_>>>()?;
+    combine(per_teacher, alphas, &student_logits.device())
+}
+
+/// The weighted sum of losses evaluated one teacher at a time (`per_teacher[m]`, a `[1]`
+/// tensor each, on `device`): what [`with_alphas`] returns, for a caller that evaluates each
+/// loss itself.
+pub fn combine<B: XTokenBackend>(
+    per_teacher: Vec<Tensor<B, 1>>,
+    alphas: Vec<f64>,
+    device: &B::Device,
+) -> Result<MultiTeacherLoss<B>> {
+    if alphas.len() != per_teacher.len() || alphas.iter().any(|a| !a.is_finite()) {
         return Err(Error::BadParameter {
             name: "alphas",
             value: format!("{alphas:?}"),
             why: "needs one finite weight per teacher",
         });
     }
-    let per_teacher = teachers
-        .iter()
-        .map(|t| evaluate(student_logits.clone(), t.targets, t.loss, params))
-        .collect::<Result<Vec<_>>>()?;
-    let device = student_logits.device();
-    let mut total = Tensor::<B, 1>::from_data(TensorData::new(vec![0.0f32], [1]), &device);
+    let mut total = Tensor::<B, 1>::from_data(TensorData::new(vec![0.0f32], [1]), device);
     for (l, &a) in per_teacher.iter().zip(&alphas) {
         total = total + l.clone() * a;
     }

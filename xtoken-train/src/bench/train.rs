@@ -422,18 +422,10 @@ impl OnBackend for Steps {
 /// largest).
 fn mean_phases(steps: &[StepProfile]) -> StepProfile {
     let mut mean = StepProfile::default();
-    for step in steps {
-        for p in &step.phases {
-            match mean.phases.iter_mut().find(|m| m.name == p.name) {
-                Some(m) => {
-                    m.seconds += p.seconds;
-                    m.count += p.count;
-                    m.memory_bytes = m.memory_bytes.max(p.memory_bytes);
-                }
-                None => mean.phases.push(p.clone()),
-            }
-        }
-    }
+    steps
+        .iter()
+        .flat_map(|step| &step.phases)
+        .for_each(|p| mean.absorb(p));
     let n = steps.len().max(1) as f64;
     for m in &mut mean.phases {
         m.seconds /= n;
