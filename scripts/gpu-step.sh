@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures of one training step in one command, for a machine that has only the xtoken
 # binary and the tokenizers: the phase profile of `xtoken bench train` (Llama-3.2-1B-shaped
-# student <- Qwen3-4B-shaped teacher, P-KL, 1 x 4096 tokens, top-K 8192), `bench forward` in bf16
+# student <- Qwen3-4B-shaped teacher, P-KL, 1 x 4096 tokens, top-K 8192) computing in f32 and in
+# bf16 (f32 master weights: mixed precision), `bench forward` in bf16
 # (forward, forward + backward) and `bench kernels`, each under its own time limit, written as
 # they finish into OUT/report.md and OUT/report.json (with each run's own output beside them).
 #
@@ -9,7 +10,8 @@
 # Environment:
 #   XTOKEN                 the binary (default: xtoken on PATH, else target/release/xtoken)
 #   XTOKEN_TOKENIZERS_DIR  holds llama-3.2/ and qwen3/ (their tokenizer.json)
-#   DEVICE                 cuda (default), or cpu for the dry run: tiny bodies, short sequences
+#   DEVICE                 cuda (default), or cpu for the dry run: tiny bodies, short sequences,
+#                          training on burn-flex (the CPU backend with bf16)
 #   TORCH_BASELINE         optional: a PyTorch script printing one JSON line (tokens/s, memory)
 #                          for the same step, run first as the anchor
 #   LIMIT_S                seconds each run may take (default 300)
@@ -39,11 +41,12 @@ fi
 
 # The paper's shapes on a GPU; tiny ones for the CPU dry run (same commands, same report).
 if [ "$device" = cpu ]; then
-    student=tiny teacher=tiny context=64 top_k=256 steps=1 preset=tiny len=64
+    student=tiny teacher=tiny context=64 top_k=256 steps=1 preset=tiny len=64 train_device=flex
     kernels=(--device ndarray --rows 64 --student-vocab 2048 --teacher-vocab 3072 --top-k 64 --runs 1)
     forward_device=ndarray forward_dtype=f32
 else
     student=llama1b teacher=qwen4b context=4096 top_k=8192 steps=3 preset=llama1b len=4096
+    train_device="$device"
     kernels=(--device "$device" --dtype bf16)
     forward_device="$device" forward_dtype=bf16
 fi
@@ -95,10 +98,13 @@ part() {
 if [ -n "${TORCH_BASELINE:-}" ]; then
     part torch-baseline python3 "$TORCH_BASELINE" --context "$context" --steps "$steps" --top-k "$top_k"
 fi
-part train-f32 "$xtoken" bench train --device "$device" \
-    --student-tokenizer "$tokenizers/llama-3.2" --teacher-tokenizer "$tokenizers/qwen3" \
-    --student "$student" --teacher "$teacher" --loss pkl --context "$context" --top-k "$top_k" \
-    --steps "$steps" --profile --json "$out/train-f32.json"
+for compute in f32 bf16; do
+    part "train-$compute" "$xtoken" bench train --device "$train_device" \
+        --student-tokenizer "$tokenizers/llama-3.2" --teacher-tokenizer "$tokenizers/qwen3" \
+        --student "$student" --teacher "$teacher" --loss pkl --context "$context" \
+        --top-k "$top_k" --steps "$steps" --compute-dtype "$compute" --profile \
+        --json "$out/train-$compute.json"
+done
 part forward "$xtoken" bench forward --device "$forward_device" --preset "$preset" --len "$len" \
     --dtype "$forward_dtype"
 part kernels "$xtoken" bench kernels "${kernels[@]}"
@@ -108,11 +114,14 @@ part kernels "$xtoken" bench kernels "${kernels[@]}"
     echo "  \"device\": \"$device\","
     echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%MZ)\","
     echo "  \"parts\": {$(IFS=,; echo "${status[*]}")},"
-    if [ -s "$out/train-f32.json" ]; then
-        echo "  \"train_f32\": $(cat "$out/train-f32.json")"
-    else
-        echo "  \"train_f32\": null"
-    fi
+    for compute in f32 bf16; do
+        [ "$compute" = bf16 ] && echo ","
+        if [ -s "$out/train-$compute.json" ]; then
+            echo "  \"train_$compute\": $(cat "$out/train-$compute.json")"
+        else
+            echo "  \"train_$compute\": null"
+        fi
+    done
     echo "}"
 } >"$out/report.json"
 echo "wrote $report and $out/report.json"

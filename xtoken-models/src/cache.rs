@@ -7,7 +7,7 @@
 //! its neighbours. Padded slots are hidden from every query.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Int, Tensor, TensorData};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 
 use crate::error::{ModelError, Result};
 use crate::model::{check_ids, DecoderLayer, Transformer};
@@ -104,12 +104,15 @@ impl<B: Backend> DecoderLayer<B> {
         rotation: (&Tensor<B, 4>, &Tensor<B, 4>),
         mask: &Mask<B>,
         cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+        compute: DType,
     ) -> Tensor<B, 3> {
         let attention = &self.self_attn;
+        let stream = x.dtype();
         let (q, k, v) = attention.rotated(
             self.input_layernorm.forward(x.clone()),
             rotation.0,
             rotation.1,
+            compute,
         );
         let (k, v) = match cache.take() {
             Some((past_k, past_v)) => (
@@ -119,8 +122,12 @@ impl<B: Backend> DecoderLayer<B> {
             None => (k, v),
         };
         *cache = Some((k.clone(), v.clone()));
-        let x = x + attention.attend(q, k, v, mask.mask.as_ref(), mask.causal);
-        x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        let attended = attention.attend(q, k, v, mask.mask.as_ref(), mask.causal, compute);
+        let x = x + attended.cast(stream);
+        let mlp = self
+            .mlp
+            .forward(self.post_attention_layernorm.forward(x.clone()), compute);
+        x + mlp.cast(stream)
     }
 }
 
@@ -160,8 +167,9 @@ impl<B: Backend> Transformer<B> {
         let (cos, sin) = (cos.cast(x.dtype()), sin.cast(x.dtype()));
         let mask = cache.mask(n, architecture.sliding_window, &device);
         cache.layers.resize(self.layers.len(), None);
+        let compute = self.compute_dtype();
         for (layer, kv) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            x = layer.forward_cached(x, (&cos, &sin), &mask, kv);
+            x = layer.forward_cached(x, (&cos, &sin), &mask, kv, compute);
         }
         cache.slots = total;
         Ok(self.norm.forward(x))

@@ -5,11 +5,17 @@
 //! Linear weights are stored contiguous in burn's `[in, out]` layout (transposed once while
 //! loading and back while saving): a transposed view would be copied on every matmul by
 //! burn-ndarray.
+//!
+//! Mixed precision works as PyTorch's autocast does: with a compute dtype below the parameters'
+//! (f32 master weights, bf16 compute), every projection, the attention and the output head run
+//! in the compute dtype — their inputs and weights cast on the way in — while the embedding,
+//! RMSNorm, RoPE and the residual stream stay in the parameters' dtype. burn's casts are
+//! differentiable, so the gradients reach the master weights in their own dtype.
 
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::backend::Backend;
-use burn::tensor::module::attention;
+use burn::tensor::module::{attention, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{activation::silu, Bool, DType, Int, Tensor, TensorData};
 
@@ -96,6 +102,20 @@ pub(crate) fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// `x · W + b` in `dtype`: the input, the weight and the bias are cast first (a no-op for a
+/// tensor already in it), so the matmul runs in the compute dtype whatever the parameters'.
+fn project<B: Backend, const D: usize>(
+    layer: &Linear<B>,
+    x: Tensor<B, D>,
+    dtype: DType,
+) -> Tensor<B, D> {
+    linear(
+        x.cast(dtype),
+        layer.weight.val().cast(dtype),
+        layer.bias.as_ref().map(|b| b.val().cast(dtype)),
+    )
+}
+
 #[derive(Module, Debug)]
 pub struct Attention<B: Backend> {
     pub q_proj: Option<Linear<B>>,
@@ -161,21 +181,27 @@ impl<B: Backend> Attention<B> {
         })
     }
 
-    fn project(&self, x: Tensor<B, 3>) -> (Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 3>) {
+    fn project(
+        &self,
+        x: Tensor<B, 3>,
+        compute: DType,
+    ) -> (Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 3>) {
         let q_width = self.num_heads * self.head_dim;
         let kv_width = self.num_kv_heads * self.head_dim;
         match (&self.qkv_proj, &self.q_proj, &self.k_proj, &self.v_proj) {
             (Some(fused), ..) => {
-                let qkv = fused.forward(x);
+                let qkv = project(fused, x, compute);
                 (
                     qkv.clone().narrow(2, 0, q_width),
                     qkv.clone().narrow(2, q_width, kv_width),
                     qkv.narrow(2, q_width + kv_width, kv_width),
                 )
             }
-            (None, Some(q), Some(k), Some(v)) => {
-                (q.forward(x.clone()), k.forward(x.clone()), v.forward(x))
-            }
+            (None, Some(q), Some(k), Some(v)) => (
+                project(q, x.clone(), compute),
+                project(k, x.clone(), compute),
+                project(v, x, compute),
+            ),
             _ => unreachable!("Attention is built with either qkv_proj or q/k/v_proj"),
         }
     }
@@ -191,40 +217,46 @@ impl<B: Backend> Attention<B> {
         x.swap_dims(1, 2)
     }
 
+    /// The attention block's output, in `compute` (the caller adds it to the residual stream).
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
         tables: &RopeTables<B>,
         mask: Option<&Tensor<B, 4, Bool>>,
+        compute: DType,
     ) -> Tensor<B, 3> {
         let (cos, sin) = (
             tables.cos.clone().unsqueeze(),
             tables.sin.clone().unsqueeze(),
         );
-        let (q, k, v) = self.rotated(x, &cos, &sin);
-        self.attend(q, k, v, mask, mask.is_none())
+        let (q, k, v) = self.rotated(x, &cos, &sin, compute);
+        self.attend(q, k, v, mask, mask.is_none(), compute)
     }
 
     /// Queries `[batch, heads, len, head_dim]`, keys and values `[batch, kv_heads, len,
-    /// head_dim]`, rotated by `cos`/`sin` (`[1 or batch, 1, len, rotary_dim / 2]`).
+    /// head_dim]`, rotated by `cos`/`sin` (`[1 or batch, 1, len, rotary_dim / 2]`), in
+    /// `compute`. The per-head norms and the rotation run in `x`'s dtype (the residual
+    /// stream's), as the tables are.
     pub(crate) fn rotated(
         &self,
         x: Tensor<B, 3>,
         cos: &Tensor<B, 4>,
         sin: &Tensor<B, 4>,
+        compute: DType,
     ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
-        let (q, k, v) = self.project(x);
-        let q = self.heads(q, self.num_heads, self.q_norm.as_ref());
-        let k = self.heads(k, self.num_kv_heads, self.k_norm.as_ref());
+        let stream = x.dtype();
+        let (q, k, v) = self.project(x, compute);
+        let q = self.heads(q.cast(stream), self.num_heads, self.q_norm.as_ref());
+        let k = self.heads(k.cast(stream), self.num_kv_heads, self.k_norm.as_ref());
         (
-            rope::rotate(q, cos, sin),
-            rope::rotate(k, cos, sin),
+            rope::rotate(q, cos, sin).cast(compute),
+            rope::rotate(k, cos, sin).cast(compute),
             self.heads(v, self.num_kv_heads, None),
         )
     }
 
     /// Attention of `q` over `k`/`v` (which may hold more positions than `q`, from a cache),
-    /// then the output projection. `mask` is `true` where a query may not see a key; `causal`
+    /// then the output projection, in `compute`. `mask` is `true` where a query may not see a key; `causal`
     /// (without a mask) lets query `i` see keys `0..=i` only, else every key is seen.
     pub(crate) fn attend(
         &self,
@@ -233,6 +265,7 @@ impl<B: Backend> Attention<B> {
         v: Tensor<B, 4>,
         mask: Option<&Tensor<B, 4, Bool>>,
         causal: bool,
+        compute: DType,
     ) -> Tensor<B, 3> {
         let [batch, _, len, _] = q.dims();
         let keys = k.dims()[2];
@@ -247,7 +280,7 @@ impl<B: Backend> Attention<B> {
         let out = out
             .swap_dims(1, 2)
             .reshape([batch, len, self.num_heads * self.head_dim]);
-        self.o_proj.forward(out)
+        project(&self.o_proj, out, compute)
     }
 
     /// GQA: each key/value head serves `num_heads / num_kv_heads` consecutive query heads.
@@ -299,20 +332,23 @@ impl<B: Backend> Mlp<B> {
         })
     }
 
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    /// The MLP's output, in `compute`.
+    pub fn forward(&self, x: Tensor<B, 3>, compute: DType) -> Tensor<B, 3> {
         let (gate, up) = match (&self.gate_up_proj, &self.gate_proj, &self.up_proj) {
             (Some(fused), ..) => {
-                let both = fused.forward(x);
+                let both = project(fused, x, compute);
                 let inner = self.intermediate_size;
                 (
                     both.clone().narrow(2, 0, inner),
                     both.narrow(2, inner, inner),
                 )
             }
-            (None, Some(gate), Some(up)) => (gate.forward(x.clone()), up.forward(x)),
+            (None, Some(gate), Some(up)) => {
+                (project(gate, x.clone(), compute), project(up, x, compute))
+            }
             _ => unreachable!("Mlp is built with either gate_up_proj or gate/up_proj"),
         };
-        self.down_proj.forward(silu(gate) * up)
+        project(&self.down_proj, silu(gate) * up, compute)
     }
 }
 
@@ -343,17 +379,26 @@ impl<B: Backend> DecoderLayer<B> {
         })
     }
 
+    /// One layer on the residual stream `x`, whose dtype it keeps; the blocks run in `compute`.
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
         tables: &RopeTables<B>,
         mask: Option<&Tensor<B, 4, Bool>>,
+        compute: DType,
     ) -> Tensor<B, 3> {
-        let x = x.clone()
-            + self
-                .self_attn
-                .forward(self.input_layernorm.forward(x), tables, mask);
-        x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        let stream = x.dtype();
+        let attended = self.self_attn.forward(
+            self.input_layernorm.forward(x.clone()),
+            tables,
+            mask,
+            compute,
+        );
+        let x = x + attended.cast(stream);
+        let mlp = self
+            .mlp
+            .forward(self.post_attention_layernorm.forward(x.clone()), compute);
+        x + mlp.cast(stream)
     }
 }
 
@@ -371,6 +416,9 @@ pub struct Transformer<B: Backend> {
     /// interpret) when it is saved.
     #[module(skip)]
     pub hf_config: Option<serde_json::Value>,
+    /// The dtype the matmuls, the attention and the head run in; `None`: the parameters'.
+    #[module(skip)]
+    pub compute: Option<DType>,
 }
 
 impl<B: Backend> Transformer<B> {
@@ -403,7 +451,23 @@ impl<B: Backend> Transformer<B> {
             lm_head,
             architecture: arch.clone(),
             hf_config: None,
+            compute: None,
         })
+    }
+
+    /// The same model computing in `dtype` (mixed precision when it is narrower than the
+    /// parameters, which keep their own dtype: see the module's documentation).
+    pub fn with_compute_dtype(self, dtype: DType) -> Self {
+        Transformer {
+            compute: Some(dtype),
+            ..self
+        }
+    }
+
+    /// The dtype the matmuls, the attention and the head run in.
+    pub fn compute_dtype(&self) -> DType {
+        self.compute
+            .unwrap_or_else(|| self.embed_tokens.weight.val().dtype())
     }
 
     /// The hidden states after the final norm, `[batch, len, hidden]`. `padding` marks padded
@@ -417,33 +481,43 @@ impl<B: Backend> Transformer<B> {
         let pass = Pass::new(&self.architecture, &ids, padding)?;
         let mut x = self.embed_tokens.forward(ids);
         let context = pass.context::<B>(&self.architecture, x.dtype(), &x.device());
+        let compute = self.compute_dtype();
         for layer in &self.layers {
-            x = layer.forward(x, &context.tables, context.mask.as_ref());
+            x = layer.forward(x, &context.tables, context.mask.as_ref(), compute);
         }
         Ok(self.norm.forward(x))
     }
 
     /// The output head on some rows' hidden states, `[rows, hidden]` → `[rows, vocab]` (the
-    /// positions an evaluation scores or decodes from). A tied head is applied as
-    /// `(E · hᵀ)ᵀ`, which reads the embedding `E` `[vocab, hidden]` as stored: its transpose
-    /// would be copied by a backend that wants contiguous operands, every call.
+    /// positions an evaluation scores or decodes from), in the compute dtype. A tied head is
+    /// applied as `(E · hᵀ)ᵀ`, which reads the embedding `E` `[vocab, hidden]` as stored: its
+    /// transpose would be copied by a backend that wants contiguous operands, every call.
     pub fn logits_of_rows(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
+        let compute = self.compute_dtype();
         match &self.lm_head {
-            Some(head) => head.forward(hidden),
+            Some(head) => project(head, hidden, compute),
             None => self
                 .embed_tokens
                 .weight
                 .val()
-                .matmul(hidden.transpose())
+                .cast(compute)
+                .matmul(hidden.cast(compute).transpose())
                 .transpose(),
         }
     }
 
-    /// The output head: `[batch, len, hidden]` → logits `[batch, len, vocab]`.
+    /// The output head: `[batch, len, hidden]` → logits `[batch, len, vocab]`, in the compute
+    /// dtype.
     pub fn logits_from_hidden(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        let compute = self.compute_dtype();
         match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => hidden.matmul(self.embed_tokens.weight.val().transpose().unsqueeze()),
+            Some(head) => project(head, hidden, compute),
+            None => {
+                let embedding = self.embed_tokens.weight.val().cast(compute);
+                hidden
+                    .cast(compute)
+                    .matmul(embedding.transpose().unsqueeze())
+            }
         }
     }
 }

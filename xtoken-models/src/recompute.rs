@@ -62,13 +62,19 @@ impl<B: AutodiffBackend> Transformer<B> {
         let (dtype, device) = (embedded.dtype(), embedded.device());
         let inner_context = pass.context::<B::InnerBackend>(&self.architecture, dtype, &device);
         let context = pass.context::<B>(&self.architecture, dtype, &device);
+        let compute = self.compute_dtype();
 
         // Forward without a graph, keeping each layer's input.
         let mut inputs = Vec::with_capacity(self.layers.len() + 1);
         let mut x = embedded;
         for layer in &inner.layers {
             inputs.push(x.clone());
-            x = layer.forward(x, &inner_context.tables, inner_context.mask.as_ref());
+            x = layer.forward(
+                x,
+                &inner_context.tables,
+                inner_context.mask.as_ref(),
+                compute,
+            );
         }
 
         // Final norm and the loss, with a graph from the last layer's output on.
@@ -83,7 +89,12 @@ impl<B: AutodiffBackend> Transformer<B> {
         for (layer, input) in self.layers.iter().zip(inputs).rev() {
             let Some(gradient) = upstream else { break };
             let input = Tensor::<B, 3>::from_inner(input).require_grad();
-            let output = layer.forward(input.clone(), &context.tables, context.mask.as_ref());
+            let output = layer.forward(
+                input.clone(),
+                &context.tables,
+                context.mask.as_ref(),
+                compute,
+            );
             let mut layer_grads = (output * Tensor::from_inner(gradient)).sum().backward();
             upstream = input.grad(&layer_grads);
             move_grads(layer, &mut layer_grads, &mut model);

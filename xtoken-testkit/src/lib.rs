@@ -24,6 +24,16 @@ pub fn rounding_bound(u: f64, max_logit: f64) -> f64 {
     16.0 * u * max_logit
 }
 
+/// How far computing in a format of unit roundoff `u` (weights in f32, every matmul's two
+/// operands and its result rounded, as mixed precision does) may move the parity fixtures'
+/// logits: at most 19 matmuls lie between the embedding and a logit (2 layers of 7
+/// projections and attention's 2 products, then the head), each with 3 roundings that move
+/// its result by at most `u` of it to first order; as in [`rounding_bound`], all may add up
+/// with the same sign.
+pub fn compute_rounding_bound(u: f64, max_logit: f64) -> f64 {
+    57.0 * u * max_logit
+}
+
 /// The bfloat16 bits of a finite f32, rounded to nearest with ties to even: the upper 16 bits
 /// after adding half an ulp of bf16 (plus one when the kept part is odd). Plain integer
 /// arithmetic, independent of any half-precision library.

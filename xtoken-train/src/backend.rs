@@ -139,8 +139,8 @@ pub fn check_available(kind: DeviceKind) -> Result<()> {
     }
 }
 
-/// Whether parameters of `choice` (the value of the configuration key `key`) can live on the
-/// backend `kind`: burn's ndarray holds f32 only, wgpu f32 and f16, CUDA and burn-flex also
+/// Whether tensors of `choice` (the value of the configuration key `key`: parameters or the
+/// compute dtype) can live on the backend `kind`: burn's ndarray holds f32 only, wgpu f32 and f16, CUDA and burn-flex also
 /// bf16. `auto` picks what the backend has.
 pub fn check_dtype(kind: DeviceKind, choice: Result<DtypeChoice>, key: &str) -> Result<()> {
     let supported: &[DtypeChoice] = match kind {
@@ -156,11 +156,10 @@ pub fn check_dtype(kind: DeviceKind, choice: Result<DtypeChoice>, key: &str) -> 
         c => {
             let name = |c: &DtypeChoice| format!("{c:?}").to_lowercase();
             let names: Vec<String> = supported.iter().map(name).collect();
+            let (dtype, backend) = (name(&c), format!("{kind:?}").to_lowercase());
             Err(Error::Config(format!(
-                "{key} = \"{}\": the {} backend holds no such parameters (it has {}); use \
-                 \"auto\" or one of those",
-                name(&c),
-                format!("{kind:?}").to_lowercase(),
+                "{key} = \"{dtype}\": the {backend} backend has no {dtype} tensors (it has {}); \
+                 use \"auto\" or one of those",
                 names.join(", ")
             )))
         }

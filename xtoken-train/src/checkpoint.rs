@@ -49,6 +49,9 @@ pub struct CheckpointState {
     /// change), compared on `--resume`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data: Vec<crate::data::fingerprint::ShardPrint>,
+    /// The last step's α and `γ`, which `scaling_scope = "previous-step"` applies next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<crate::step::Scaling>,
 }
 
 fn recorder() -> BinFileRecorder<FullPrecisionSettings> {

@@ -246,6 +246,11 @@ pub struct TrainingConfig {
     pub grad_clip: f64,
     /// Recompute each decoder layer in the backward pass instead of storing its activations.
     pub activation_checkpointing: bool,
+    /// The dtype the student's matmuls, attention and logits run in: `auto` (bf16 where the
+    /// backend has it, else f32), `bf16`, `f16` or `f32`. Below `student.dtype` it is mixed
+    /// precision: the weights, AdamW's moments, RMSNorm, RoPE, the residual stream and the
+    /// losses' sums stay in the parameters' dtype.
+    pub compute_dtype: String,
     /// Print a metrics line every this many steps when no progress bar is drawn.
     pub log_every: u64,
 }
@@ -267,7 +272,8 @@ pub struct LossConfig {
     /// `static` (each teacher's α), or adaptive: `neg_ce`, `neg_entropy`, `max_prob`.
     pub weighting: String,
     /// Where dynamic scaling's ratio and adaptive α are measured: `step` (the paper: once per
-    /// optimizer step, over every micro-batch and worker) or `micro-batch` (each its own).
+    /// optimizer step, over every micro-batch and worker), `previous-step` (the previous
+    /// step's, which costs no extra pass) or `micro-batch` (each its own).
     pub scaling_scope: String,
     /// `first_token` (the paper's chunk merge) or `last_token`.
     pub merge: String,
@@ -360,6 +366,7 @@ impl Default for TrainingConfig {
             epsilon: 1e-8,
             grad_clip: 1.0,
             activation_checkpointing: true,
+            compute_dtype: "auto".into(),
             log_every: 10,
         }
     }
@@ -375,7 +382,7 @@ impl Default for LossConfig {
             lambda_uld: params.lambda_uld,
             dynamic_scaling: true,
             weighting: "static".into(),
-            scaling_scope: "step".into(),
+            scaling_scope: "previous-step".into(),
             merge: "first_token".into(),
             row_chunk: params.row_chunk,
         }
@@ -579,6 +586,7 @@ impl RunConfig {
         }
         self.device.parse::<crate::backend::DeviceKind>()?;
         self.student_dtype()?;
+        self.compute_dtype()?;
         self.validate_teachers()?;
         self.validate_data()?;
         if let Some(eval) = &self.eval {
@@ -725,6 +733,11 @@ impl RunConfig {
         DtypeChoice::parse("student.dtype", &self.student.dtype, false)
     }
 
+    /// The dtype of the student's matmuls, attention and logits.
+    pub fn compute_dtype(&self) -> Result<DtypeChoice> {
+        DtypeChoice::parse("training.compute_dtype", &self.training.compute_dtype, true)
+    }
+
     /// The final student's dtype on disk.
     pub fn save_dtype(&self) -> Result<DtypeChoice> {
         DtypeChoice::parse("checkpoint.save_dtype", &self.checkpoint.save_dtype, false)
@@ -764,10 +777,12 @@ impl RunConfig {
     pub fn scaling_scope(&self) -> Result<ScalingScope> {
         Ok(match self.loss.scaling_scope.as_str() {
             "step" => ScalingScope::Step,
+            "previous-step" => ScalingScope::PreviousStep,
             "micro-batch" => ScalingScope::MicroBatch,
             other => {
                 return Err(Error::Config(format!(
-                    "loss.scaling_scope = {other:?}: expected \"step\" or \"micro-batch\""
+                    "loss.scaling_scope = {other:?}: expected \"step\", \"previous-step\" or \
+                     \"micro-batch\""
                 )))
             }
         })

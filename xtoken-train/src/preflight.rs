@@ -34,6 +34,8 @@ pub struct Preflight {
     pub tokens_per_step: u64,
     /// The student: directory, parameters, dtype.
     pub student: (PathBuf, usize, DtypeChoice),
+    /// `training.compute_dtype`.
+    pub compute_dtype: DtypeChoice,
     /// Per teacher.
     pub teachers: Vec<TeacherPlan>,
     /// Per data source, then the held-out text's.
@@ -113,6 +115,11 @@ pub fn check(
         config.student_dtype(),
         "student.dtype",
     ));
+    failures.note(crate::backend::check_dtype(
+        kind,
+        config.compute_dtype(),
+        "training.compute_dtype",
+    ));
     if let Ok(settings) = config.teacher_settings() {
         for (i, s) in settings.iter().enumerate() {
             let key = format!("teachers[{i}].dtype");
@@ -177,6 +184,7 @@ pub fn check(
             student.num_parameters(),
             config.student_dtype()?,
         ),
+        compute_dtype: config.compute_dtype()?,
         memory,
         teachers,
         sources,
@@ -497,8 +505,9 @@ impl fmt::Display for Preflight {
         )?;
         writeln!(
             f,
-            "student {} ({params} parameters, {dtype:?})",
-            dir.display()
+            "student {} ({params} parameters, {dtype:?}, computing in {:?})",
+            dir.display(),
+            self.compute_dtype
         )?;
         for t in &self.teachers {
             let (kind, reason) = &t.loss;

@@ -342,6 +342,7 @@ impl<B: TrainBackend> Run<B> {
             &batch,
             &self.setup,
             rates,
+            self.state.scaling.as_ref(),
             &self.worker,
             &self.device,
         )
@@ -350,6 +351,7 @@ impl<B: TrainBackend> Run<B> {
         self.state.step = n;
         self.state.loader = batch.state_after;
         self.state.tokens += outcome.tokens;
+        self.state.scaling = outcome.scaling;
         self.state.seconds = self.clock.1 + self.clock.0.elapsed().as_secs_f64();
         let seconds = started.elapsed().as_secs_f64();
         let v = outcome.values;
@@ -688,11 +690,13 @@ fn load_student<B: TrainBackend>(
     lead: bool,
 ) -> Result<Trainable<B>> {
     let dtype = dtype_of::<B>(config.student_dtype()?, device);
+    let compute = dtype_of::<B>(config.compute_dtype()?, device);
     let student = Transformer::<B>::load_with(&config.student.model, LoadOptions { dtype }, device)
-        .context("student")?;
+        .context("student")?
+        .with_compute_dtype(compute);
     if lead {
         tracing::info!(
-            "student: {} ({} parameters, {dtype:?})",
+            "student: {} ({} parameters, {dtype:?}, computing in {compute:?})",
             config.student.model.display(),
             student.architecture.num_parameters()
         );
@@ -722,6 +726,7 @@ fn restore<B: TrainBackend>(
         teachers: teachers.iter().map(|t| t.settings.name.clone()).collect(),
         decay_from: None,
         data: Vec::new(),
+        scaling: None,
     };
     if !resume {
         return Ok(fresh);

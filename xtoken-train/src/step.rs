@@ -15,13 +15,16 @@
 //! teachers' targets. That costs one student forward pass per micro-batch and holds the step's
 //! targets in memory; the alternative, one backward pass per loss term and micro-batch, would
 //! cost a whole backward pass per term. A single micro-batch on a single worker needs no
-//! first pass. [`ScalingScope::MicroBatch`] measures `γ` and α on each micro-batch instead,
-//! without it.
+//! first pass. [`ScalingScope::PreviousStep`] takes `γ` and α from the previous step's sums
+//! instead (which pass 2 computes anyway): no first pass and no targets held, at the price of a
+//! one-step lag; the first step, having no previous one, measures them on each micro-batch, as
+//! [`ScalingScope::MicroBatch`] does on every step.
 
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
+use serde::{Deserialize, Serialize};
 use xtoken_core::loss::multi::{self, Weighting};
 use xtoken_core::loss::pkl::LearnableProjection;
 use xtoken_core::loss::{ce, evaluate, scaling, Loss, LossParams, TeacherTargets, XTokenBackend};
@@ -41,6 +44,9 @@ use crate::teachers::{ids_tensor, padding_tensor, Teacher};
 pub enum ScalingScope {
     /// Once per optimizer step, on the whole step's batch (the paper).
     Step,
+    /// The previous step's, on its whole batch; the first step (and the first after resuming
+    /// from a checkpoint that holds none) measures them per micro-batch, as `MicroBatch` does.
+    PreviousStep,
     /// On each micro-batch's own losses.
     MicroBatch,
 }
@@ -215,6 +221,23 @@ impl Sums {
         }
     }
 
+    /// The α and `γ` these sums give (`γ` only with dynamic scaling).
+    fn scaling(&self, statics: &[f64], setup: &LossSetup) -> Scaling {
+        let alphas = self.alphas(statics, setup.weighting);
+        let kd: f64 = self
+            .teacher_losses()
+            .iter()
+            .zip(&alphas)
+            .map(|(l, a)| l * a)
+            .sum();
+        Scaling {
+            gamma: setup
+                .dynamic_scaling
+                .then(|| scaling::ratio_of(self.ce(), kd)),
+            alphas,
+        }
+    }
+
     /// The step's values, with the α it used (`alphas`) or, per micro-batch, their mean.
     fn values(&self, alphas: Option<&[f64]>, dynamic: bool) -> LossValues {
         let losses = self.teacher_losses();
@@ -265,18 +288,46 @@ struct Balance<'a> {
     /// Per teacher, its share of the step's compared chunks.
     chunk_shares: Vec<f64>,
     /// The step's α and `γ`, when fixed before the backward passes.
-    fixed: Option<&'a Fixed>,
+    fixed: Option<&'a Scaling>,
 }
 
-/// The step's α and `γ` (`None` without dynamic scaling).
-#[derive(Debug, Clone)]
-struct Fixed {
-    alphas: Vec<f64>,
-    gamma: Option<f64>,
+/// A step's α and `γ` (`None` without dynamic scaling), measured on its whole batch.
+/// Serialized as the values' bits, so that a resumed run applies exactly what it saved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "ScalingBits", into = "ScalingBits")]
+pub struct Scaling {
+    /// Each teacher's α.
+    pub alphas: Vec<f64>,
+    /// `γ = L_CE / L_KD`, floored as [`scaling`] says.
+    pub gamma: Option<f64>,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+struct ScalingBits {
+    alphas: Vec<u64>,
+    gamma: Option<u64>,
+}
+
+impl From<ScalingBits> for Scaling {
+    fn from(bits: ScalingBits) -> Self {
+        Scaling {
+            alphas: bits.alphas.into_iter().map(f64::from_bits).collect(),
+            gamma: bits.gamma.map(f64::from_bits),
+        }
+    }
+}
+
+impl From<Scaling> for ScalingBits {
+    fn from(scaling: Scaling) -> Self {
+        ScalingBits {
+            alphas: scaling.alphas.into_iter().map(f64::to_bits).collect(),
+            gamma: scaling.gamma.map(f64::to_bits),
+        }
+    }
 }
 
 impl Balance<'_> {
-    fn new<'a>(counts: &Sums, step: &Sums, fixed: Option<&'a Fixed>) -> Balance<'a> {
+    fn new<'a>(counts: &Sums, step: &Sums, fixed: Option<&'a Scaling>) -> Balance<'a> {
         Balance {
             ce_share: Sums::mean(counts.ce.1, step.ce.1),
             chunk_shares: counts
@@ -604,6 +655,9 @@ pub struct StepOutcome {
     pub grad_norm: f64,
     /// Student tokens of the step over all workers.
     pub tokens: u64,
+    /// The α and `γ` of this step's batch, which `ScalingScope::PreviousStep` uses in the next
+    /// (`None` when neither depends on the losses).
+    pub scaling: Option<Scaling>,
 }
 
 /// The rates and clipping of one step.
@@ -619,16 +673,27 @@ pub struct StepRates {
 
 /// One optimizer step over this worker's micro-batches of `batch`: accumulate, sum over the
 /// workers, clip, and apply. A non-finite loss stops before the weights are touched.
+/// `previous` is the previous step's [`StepOutcome::scaling`].
+#[allow(clippy::too_many_arguments)]
 pub fn step<B: TrainBackend>(
     trainable: &mut Trainable<B>,
     teachers: &mut [Teacher<B>],
     batch: &StepBatch,
     setup: &LossSetup,
     rates: StepRates,
+    previous: Option<&Scaling>,
     worker: &Worker,
     device: &B::Device,
 ) -> Result<StepOutcome> {
-    let summed = accumulate(&trainable.student, teachers, batch, setup, worker, device)?;
+    let summed = accumulate(
+        &trainable.student,
+        teachers,
+        batch,
+        setup,
+        previous,
+        worker,
+        device,
+    )?;
     let reduced = worker.sum(
         Exchange {
             student: &trainable.student,
@@ -645,6 +710,8 @@ pub fn step<B: TrainBackend>(
     profile::boundary::<B>(device, || "gradient exchange".into());
     let sums = Sums::unpack(&reduced.values, teachers.len());
     let values = sums.values(summed.alphas.as_deref(), setup.dynamic_scaling);
+    let statics: Vec<f64> = teachers.iter().map(|t| t.settings.alpha).collect();
+    let scaling = setup.measures().then(|| sums.scaling(&statics, setup));
     if !(values.loss.is_finite()) {
         return Err(Error::Run(format!(
             "the loss is {} (CE {}, KD {}); stopping before the weights are touched",
@@ -673,6 +740,7 @@ pub fn step<B: TrainBackend>(
         values,
         grad_norm,
         tokens: sums.tokens.round() as u64,
+        scaling,
     })
 }
 
@@ -686,16 +754,19 @@ struct Summed {
 }
 
 /// Every micro-batch of the step on this worker: pass 1 when the step's `γ` or α must be
-/// known first, then forward and backward of each, the gradients summed.
+/// measured first, then forward and backward of each, the gradients summed.
 fn accumulate<B: TrainBackend>(
     student: &Transformer<B>,
     teachers: &[Teacher<B>],
     batch: &StepBatch,
     setup: &LossSetup,
+    previous: Option<&Scaling>,
     worker: &Worker,
     device: &B::Device,
 ) -> Result<Summed> {
     let counts: Vec<Sums> = batch.micro.iter().map(Sums::counts).collect();
+    let carried =
+        previous.filter(|_| setup.scope == ScalingScope::PreviousStep && setup.measures());
     let pass_one = setup.scope == ScalingScope::Step
         && setup.measures()
         && (batch.micro.len() > 1 || worker.count > 1);
@@ -719,22 +790,13 @@ fn accumulate<B: TrainBackend>(
         );
         profile::boundary::<B>(device, || "exchange: pass 1 values".into());
     }
-    let fixed = pass_one.then(|| {
-        let statics: Vec<f64> = teachers.iter().map(|t| t.settings.alpha).collect();
-        let alphas = step.alphas(&statics, setup.weighting);
-        let kd: f64 = step
-            .teacher_losses()
-            .iter()
-            .zip(&alphas)
-            .map(|(l, a)| l * a)
-            .sum();
-        Fixed {
-            gamma: setup
-                .dynamic_scaling
-                .then(|| scaling::ratio_of(step.ce(), kd)),
-            alphas,
-        }
-    });
+    let fixed = match carried {
+        Some(previous) => Some(previous.clone()),
+        None => pass_one.then(|| {
+            let statics: Vec<f64> = teachers.iter().map(|t| t.settings.alpha).collect();
+            step.scaling(&statics, setup)
+        }),
+    };
 
     let mut student_acc = GradientsAccumulator::<Transformer<B>>::new();
     let mut w_acc: Vec<Option<GradientsParams>> = teachers.iter().map(|_| None).collect();

@@ -337,8 +337,8 @@ fn a_very_long_document_is_aligned_in_pieces() {
 }
 
 /// `--check` runs every check `train` runs before its first step and names every failure, not
-/// only the first: KL across tokenizers, a bf16 student on the CPU, an empty data file, an
-/// `output_dir` that is a file.
+/// only the first: KL across tokenizers, a bf16 student and bf16 compute on the CPU, an empty
+/// data file, an `output_dir` that is a file.
 #[test]
 fn check_names_every_failure() {
     let f = fixture("harden-check");
@@ -350,6 +350,7 @@ fn check_names_every_failure() {
         .unwrap()
         .replace("loss = \"auto\"", "loss = \"kl\"")
         .replace(f.data.to_str().unwrap(), empty.to_str().unwrap())
+        .replace("steps = 6\n", "steps = 6\ncompute_dtype = \"bf16\"\n")
         .replace(
             &format!("[student]\nmodel = \"{}\"", f.student.display()),
             &format!(
@@ -359,11 +360,12 @@ fn check_names_every_failure() {
         );
     std::fs::write(&path, text).unwrap();
     let args = ["train", "--config", path.to_str().unwrap(), "--check"];
-    refused(&f.dir.0, &args, "4 problems");
+    refused(&f.dir.0, &args, "5 problems");
     let err = stderr(&xtoken(&args));
     for expect in [
         "output_dir = ",
         "student.dtype = \"bf16\"",
+        "training.compute_dtype = \"bf16\": the cpu backend has no bf16 tensors (it has f32)",
         "teachers[0].loss = \"kl\"",
         "no document in its 1 shard(s)",
     ] {

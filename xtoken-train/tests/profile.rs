@@ -57,6 +57,8 @@ fn the_phases_add_up_to_the_step() {
         "2",
         "--loss",
         "pkl",
+        "--scaling-scope",
+        "step",
         "--profile",
         "--json",
         json.to_str().unwrap(),
@@ -135,16 +137,21 @@ fn the_gpu_step_script_runs_dry_on_the_cpu() {
     assert!(done.status.success(), "{stderr}");
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
-    for part in ["train-f32", "forward", "kernels"] {
+    for part in ["train-f32", "train-bf16", "forward", "kernels"] {
         assert_eq!(report["parts"][part]["exit"], 0, "{part}: {report}");
     }
-    let steps = report["train_f32"]["runs"][0]["profile"]["next_steps"]
-        .as_array()
-        .expect("the profile's steps");
-    assert_eq!(steps.len(), 1);
+    for compute in ["f32", "bf16"] {
+        let run = &report[format!("train_{compute}")]["runs"][0];
+        assert_eq!(run["compute_dtype"], compute, "{report}");
+        let steps = run["profile"]["next_steps"]
+            .as_array()
+            .expect("the profile's steps");
+        assert_eq!(steps.len(), 1);
+    }
     let markdown = std::fs::read_to_string(out.join("report.md")).unwrap();
     for heading in [
         "## train-f32 (exit 0",
+        "## train-bf16 (exit 0",
         "## forward (exit 0",
         "## kernels (exit 0",
     ] {

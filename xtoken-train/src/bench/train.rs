@@ -84,9 +84,9 @@ pub struct TrainBenchArgs {
     /// Micro-batches per step.
     #[arg(long, default_value_t = 1)]
     grad_accum: usize,
-    /// Where dynamic scaling's γ is measured; `step,micro-batch` times both in one run (the
-    /// cost of the step scope's extra forward pass, against the micro-batch scope).
-    #[arg(long, value_delimiter = ',', default_value = "step")]
+    /// Where dynamic scaling's γ is measured (`loss.scaling_scope`); `step,previous-step`
+    /// times both in one run (the cost of the step scope's extra forward pass).
+    #[arg(long, value_delimiter = ',', default_value = "previous-step")]
     scaling_scope: Vec<String>,
     /// Teacher entries kept per chunk.
     #[arg(long, default_value_t = 8192)]
@@ -100,6 +100,10 @@ pub struct TrainBenchArgs {
     /// Teacher weights' dtype (`auto`: bf16 where the backend has it).
     #[arg(long, default_value = "auto")]
     teacher_dtype: String,
+    /// The student's compute dtype (`training.compute_dtype`); `f32,bf16` times both in one
+    /// run (mixed precision against f32).
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    compute_dtype: Vec<String>,
     /// Where the random models, the corpus and the run go (default: a temporary directory).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -210,22 +214,22 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
     let docs = (sequences * args.context * (args.steps as usize + 1) / 150).max(8) + 4;
     std::fs::write(&data, corpus(docs))?;
     let mut rows = Vec::new();
-    for scope in &args.scaling_scope {
-        let run_dir = work.join(format!("run-{scope}"));
+    for variant in args.variants() {
+        let run_dir = work.join(format!("run-{}-{}", variant.scope, variant.compute));
         std::fs::remove_dir_all(&run_dir).ok();
-        let config = RunConfig::parse(&config_text(&args, &work, &run_dir, scope))?;
+        let config = RunConfig::parse(&config_text(&args, &work, &run_dir, &variant))?;
         let kind = config.device.parse()?;
         let steps = Steps {
             config,
             profile: args.profile,
         };
         let timed = on_backend(kind, &[], steps)?;
-        rows.push((scope, timed));
+        rows.push((variant, timed));
     }
     print_table(&args, &rows);
     if args.profile {
-        for (scope, timed) in &rows {
-            println!("\n{}", profile_table(scope, timed));
+        for (variant, timed) in &rows {
+            println!("\n{}", profile_table(variant, timed));
         }
     }
     if let Some(path) = &args.json {
@@ -238,12 +242,18 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// One timed run's settings among those the options list.
+struct Variant {
+    scope: String,
+    compute: String,
+}
+
 /// The run configuration of one timed run on the models and corpus in `work`.
 fn config_text(
     args: &TrainBenchArgs,
     work: &std::path::Path,
     run_dir: &std::path::Path,
-    scope: &str,
+    variant: &Variant,
 ) -> String {
     let (student, teacher, data) = (
         work.join("student"),
@@ -268,6 +278,7 @@ steps = {steps}
 batch_size = {batch}
 micro_batch = {micro}
 context_length = {context}
+compute_dtype = {compute:?}
 [loss]
 top_k = {top_k}
 scaling_scope = {scope:?}
@@ -285,31 +296,29 @@ scaling_scope = {scope:?}
         micro = args.micro_batch,
         context = args.context,
         top_k = args.top_k,
+        scope = variant.scope,
+        compute = variant.compute,
     )
 }
 
-/// One row per timed run, and the step scope's time against the micro-batch scope's when both
-/// ran.
-fn print_table(args: &TrainBenchArgs, rows: &[(&String, Timed)]) {
+/// One row per timed run; the step scope's time against the micro-batch scope's, and each
+/// compute dtype's against f32's, where both ran.
+fn print_table(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) {
     println!(
-        "| device | student | teacher | loss | micro-batches × sequences × context | top-K | scaling scope | s/step | student tokens/s | peak memory |"
+        "| device | student | teacher | loss | micro-batches × sequences × context | top-K | scaling scope | compute | s/step | student tokens/s | peak memory |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let name = |b: Body| match b {
         Body::Tiny => "tiny",
         Body::Llama100m => "100M",
         Body::Llama1b => "Llama-3.2-1B",
         Body::Qwen4b => "Qwen3-4B-sized",
     };
-    let per_step = |timed: &Timed| {
+    for (variant, timed) in rows {
         let seconds: f64 = timed.seconds.iter().sum();
-        (seconds / timed.seconds.len().max(1) as f64, seconds)
-    };
-    for (scope, timed) in rows {
-        let (step, seconds) = per_step(timed);
         let tokens: u64 = timed.tokens.iter().sum();
         println!(
-            "| {} | {} | {} | {} | {} × {} × {} | {} | {} | {:.3} | {:.0} | {:.2} GiB |",
+            "| {} | {} | {} | {} | {} × {} × {} | {} | {} | {} | {:.3} | {:.0} | {:.2} GiB |",
             args.device,
             name(args.student),
             name(args.teacher),
@@ -318,26 +327,55 @@ fn print_table(args: &TrainBenchArgs, rows: &[(&String, Timed)]) {
             args.micro_batch,
             args.context,
             args.top_k,
-            scope,
-            step,
+            variant.scope,
+            variant.compute,
+            mean_of(&timed.seconds),
             tokens as f64 / seconds.max(1e-9),
             timed.peak_bytes as f64 / (1u64 << 30) as f64
         );
     }
-    let time_of = |wanted: &str| {
+    let find = |scope: &str, compute: &str| {
         rows.iter()
-            .find(|(s, _)| *s == wanted)
-            .map(|(_, t)| per_step(t).0)
+            .find(|(v, _)| v.scope == scope && v.compute == compute)
+            .map(|(_, t)| (mean_of(&t.seconds), t.peak_bytes))
     };
-    if let (Some(step), Some(micro)) = (time_of("step"), time_of("micro-batch")) {
-        println!(
-            "\nstep scope / micro-batch scope: {:.2}× the time per step",
-            step / micro.max(1e-12)
-        );
+    for compute in &args.compute_dtype {
+        for other in ["previous-step", "micro-batch"] {
+            if let (Some(step), Some(cheap)) = (find("step", compute), find(other, compute)) {
+                println!(
+                    "\nstep scope / {other} scope ({compute}): {:.2}× the time per step",
+                    step.0 / cheap.0.max(1e-12)
+                );
+            }
+        }
+    }
+    for scope in &args.scaling_scope {
+        for compute in args.compute_dtype.iter().filter(|c| *c != "f32") {
+            if let (Some(mixed), Some(exact)) = (find(scope, compute), find(scope, "f32")) {
+                println!(
+                    "\n{compute} / f32 compute ({scope}): {:.2}× the time per step, {:.2}× the peak memory",
+                    mixed.0 / exact.0.max(1e-12),
+                    mixed.1 as f64 / exact.1.max(1) as f64
+                );
+            }
+        }
     }
 }
 
 impl TrainBenchArgs {
+    /// Every scaling scope with every compute dtype.
+    fn variants(&self) -> Vec<Variant> {
+        self.scaling_scope
+            .iter()
+            .flat_map(|scope| {
+                self.compute_dtype.iter().map(|compute| Variant {
+                    scope: scope.clone(),
+                    compute: compute.clone(),
+                })
+            })
+            .collect()
+    }
+
     fn work_dir_or_temp(&self) -> PathBuf {
         self.work_dir.clone().unwrap_or_else(|| {
             std::env::temp_dir().join(format!("xtoken-bench-train-{}", std::process::id()))
@@ -436,7 +474,7 @@ fn mean_phases(steps: &[StepProfile]) -> StepProfile {
 
 /// The profile of one run as Markdown: the first step, the mean of the next, and how much of
 /// the measured step the phases account for.
-fn profile_table(scope: &str, timed: &Timed) -> String {
+fn profile_table(variant: &Variant, timed: &Timed) -> String {
     let Some((first, rest)) = timed.profiles.split_first() else {
         return String::new();
     };
@@ -444,10 +482,10 @@ fn profile_table(scope: &str, timed: &Timed) -> String {
     let step = mean_of(&timed.seconds);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let mut out = format!(
-        "Phases (scaling scope {scope}): first step {:.3} s, then {:.3} s per step\n\n\
+        "Phases (scaling scope {}, compute {}): first step {:.3} s, then {:.3} s per step\n\n\
          | phase | runs | first step (s) | next steps, mean (s) | share | memory in use (GiB) |\n\
          |---|---|---|---|---|---|\n",
-        timed.first_seconds, step
+        variant.scope, variant.compute, timed.first_seconds, step
     );
     let seconds_in = |profile: &StepProfile, name: &str| {
         profile
@@ -495,13 +533,14 @@ fn mean_of(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len().max(1) as f64
 }
 
-/// The results as JSON: the settings, and per scaling scope the timed steps and their phases.
-fn report(args: &TrainBenchArgs, rows: &[(&String, Timed)]) -> serde_json::Value {
+/// The results as JSON: the settings, and per timed run the steps and their phases.
+fn report(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) -> serde_json::Value {
     let runs: Vec<_> = rows
         .iter()
-        .map(|(scope, timed)| {
+        .map(|(variant, timed)| {
             let mut run = serde_json::json!({
-                "scaling_scope": scope,
+                "scaling_scope": variant.scope,
+                "compute_dtype": variant.compute,
                 "first_step_seconds": timed.first_seconds,
                 "step_seconds": timed.seconds,
                 "mean_step_seconds": mean_of(&timed.seconds),

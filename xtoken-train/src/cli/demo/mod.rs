@@ -64,6 +64,10 @@ pub struct DemoArgs {
     /// `numeral-keeping`, or both.
     #[arg(long, value_delimiter = ',', default_value = "digit-splitting")]
     regimes: Vec<Regime>,
+    /// The CPU backend that trains: `cpu` (burn-ndarray) or `flex` (burn-flex, which computes
+    /// in bf16 by `training.compute_dtype`'s default).
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 /// Which teacher the students are distilled from.
@@ -159,6 +163,12 @@ impl DemoArgs {
         }
         if self.regimes.is_empty() {
             bail!("--regimes names no regime");
+        }
+        if !["cpu", "flex"].contains(&self.device.as_str()) {
+            bail!(
+                "--device {:?}: the demo trains on the CPU, with `cpu` or `flex`",
+                self.device
+            );
         }
         Ok(())
     }
@@ -302,6 +312,7 @@ impl Seeded<'_> {
             lr,
             data: &self.data,
             seed: self.seed,
+            device: &self.args.device,
         }
     }
 

@@ -24,6 +24,8 @@ pub struct Run<'a> {
     pub data: &'a Path,
     /// Seeds the batches (the same for every student).
     pub seed: u64,
+    /// `cpu` or `flex`.
+    pub device: &'a str,
 }
 
 impl Run<'_> {
@@ -38,6 +40,7 @@ impl Run<'_> {
             r#"
 output_dir = {out}
 seed = {seed}
+device = {device:?}
 [student]
 model = {student}
 [[teachers]]
@@ -69,10 +72,11 @@ save_dtype = "f32"
             data = path(self.data),
             loss = self.loss,
             alpha = self.alpha,
+            device = self.device,
         )
     }
 
-    /// Trains on the CPU; the model is left in `<out>/student`.
+    /// Trains on the CPU backend `device`; the model is left in `<out>/student`.
     pub fn train(&self) -> Result<()> {
         let config = RunConfig::parse(&self.toml())?;
         let devices = Devices::of(&config)?;
