@@ -35,7 +35,10 @@ fn a_bf16_student_trains_on_flex() {
     )
     .unwrap();
     let log = ok(train(&config, &["--device", "flex"]));
-    assert!(log.contains("parameters, BF16)"), "{log}");
+    assert!(
+        log.contains("parameters, BF16, computing in BF16)"),
+        "{log}"
+    );
     let rows = columns(&f.dir.0.join("bf16"), &["loss", "ce", "kd"]);
     assert_eq!(rows.len(), 6);
     for row in rows {
