@@ -107,7 +107,6 @@ impl<B: Backend> DecoderLayer<B> {
         compute: DType,
     ) -> Tensor<B, 3> {
         let attention = &self.self_attn;
-        let stream = x.dtype();
         let (q, k, v) = attention.rotated(
             self.input_layernorm.forward(x.clone()),
             rotation.0,
@@ -123,11 +122,7 @@ impl<B: Backend> DecoderLayer<B> {
         };
         *cache = Some((k.clone(), v.clone()));
         let attended = attention.attend(q, k, v, mask.mask.as_ref(), mask.causal, compute);
-        let x = x + attended.cast(stream);
-        let mlp = self
-            .mlp
-            .forward(self.post_attention_layernorm.forward(x.clone()), compute);
-        x + mlp.cast(stream)
+        self.after_attention(x, attended, compute)
     }
 }
 

@@ -256,8 +256,9 @@ impl<B: Backend> Attention<B> {
     }
 
     /// Attention of `q` over `k`/`v` (which may hold more positions than `q`, from a cache),
-    /// then the output projection, in `compute`. `mask` is `true` where a query may not see a key; `causal`
-    /// (without a mask) lets query `i` see keys `0..=i` only, else every key is seen.
+    /// then the output projection, in `compute`. `mask` is `true` where a query may not see a
+    /// key; `causal` (without a mask) lets query `i` see keys `0..=i` only, else every key is
+    /// seen.
     pub(crate) fn attend(
         &self,
         q: Tensor<B, 4>,
@@ -387,13 +388,24 @@ impl<B: Backend> DecoderLayer<B> {
         mask: Option<&Tensor<B, 4, Bool>>,
         compute: DType,
     ) -> Tensor<B, 3> {
-        let stream = x.dtype();
         let attended = self.self_attn.forward(
             self.input_layernorm.forward(x.clone()),
             tables,
             mask,
             compute,
         );
+        self.after_attention(x, attended, compute)
+    }
+
+    /// The rest of the layer once attention has run: its output `attended` added to the
+    /// residual stream `x` (in `x`'s dtype), then the MLP block the same way.
+    pub(crate) fn after_attention(
+        &self,
+        x: Tensor<B, 3>,
+        attended: Tensor<B, 3>,
+        compute: DType,
+    ) -> Tensor<B, 3> {
+        let stream = x.dtype();
         let x = x + attended.cast(stream);
         let mlp = self
             .mlp

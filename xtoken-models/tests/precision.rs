@@ -7,10 +7,10 @@ use burn::backend::Autodiff;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor};
 use burn_flex::Flex;
 use support::{fixture, max_logit, worst_difference};
-use xtoken_models::{ModelError, Transformer};
+use xtoken_models::{CausalLm, ModelError, Transformer};
 
 type Ad = Autodiff<Flex>;
 
@@ -24,7 +24,8 @@ fn bf16_compute_keeps_hf_parity_within_bf16_rounding() {
 
         let model = model.with_compute_dtype(DType::BF16);
         let ids = Tensor::<Flex, 2, Int>::from_ints([[1, 2, 3]], &Default::default());
-        assert_eq!(model.forward_logits(ids).dtype(), DType::BF16, "{case}");
+        let logits = CausalLm::forward(&model, ids, None).unwrap();
+        assert_eq!(logits.dtype(), DType::BF16, "{case}");
         let mixed = worst_difference(&model, case) as f64;
         let bound = xtoken_testkit::compute_rounding_bound(
             xtoken_testkit::BF16_UNIT_ROUNDOFF,
@@ -35,16 +36,6 @@ fn bf16_compute_keeps_hf_parity_within_bf16_rounding() {
             mixed > exact && mixed <= bound,
             "{case}: max |Δ| {mixed:.2e} in bf16 compute (f32: {exact:.2e}, bound {bound:.2e})"
         );
-    }
-}
-
-trait Logits {
-    fn forward_logits(&self, ids: Tensor<Flex, 2, Int>) -> Tensor<Flex, 3>;
-}
-
-impl Logits for Transformer<Flex> {
-    fn forward_logits(&self, ids: Tensor<Flex, 2, Int>) -> Tensor<Flex, 3> {
-        self.logits_from_hidden(self.hidden_states(ids, None).unwrap())
     }
 }
 
@@ -73,17 +64,7 @@ fn gradients(case: &str, compute: DType, checkpointing: bool) -> (f32, Vec<(DTyp
     let model = Transformer::<Ad>::load(&fixture(case), &device)
         .unwrap()
         .with_compute_dtype(compute);
-    let ids = Tensor::<Ad, 2, Int>::from_ints(
-        [
-            [5, 17, 99, 3, 64, 21, 8, 120, 45, 7, 2, 33],
-            [9, 1, 77, 101, 4, 56, 12, 90, 3, 3, 0, 127],
-        ],
-        &device,
-    );
-    let weights: Vec<f32> = (0..2 * 12 * 128)
-        .map(|i| ((i * 7919) % 101) as f32 / 100.0)
-        .collect();
-    let weights = Tensor::<Ad, 3>::from_data(TensorData::new(weights, [2, 12, 128]), &device);
+    let (ids, weights) = support::training_batch::<Ad>(&device);
     let backward = model
         .forward_backward(ids, None, checkpointing, |model, hidden| {
             let logits = model.logits_from_hidden(hidden).cast(DType::F32);

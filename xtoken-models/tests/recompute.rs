@@ -6,7 +6,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor};
 use support::fixture;
 use xtoken_models::{ModelError, Transformer};
 
@@ -30,13 +30,7 @@ fn all_grads(model: &Transformer<B>, grads: &GradientsParams) -> Vec<Option<Vec<
 fn step(case: &str, padded: bool, checkpointing: bool) -> (f32, Vec<Option<Vec<f32>>>) {
     let device = Default::default();
     let model = Transformer::<B>::load(&fixture(case), &device).unwrap();
-    let ids = Tensor::<B, 2, Int>::from_ints(
-        [
-            [5, 17, 99, 3, 64, 21, 8, 120, 45, 7, 2, 33],
-            [9, 1, 77, 101, 4, 56, 12, 90, 3, 3, 0, 127],
-        ],
-        &device,
-    );
+    let (ids, weights) = support::training_batch::<B>(&device);
     let padding = padded.then(|| {
         Tensor::<B, 2, Int>::from_ints(
             [
@@ -47,10 +41,6 @@ fn step(case: &str, padded: bool, checkpointing: bool) -> (f32, Vec<Option<Vec<f
         )
         .equal_elem(1)
     });
-    let weights: Vec<f32> = (0..2 * 12 * 128)
-        .map(|i| ((i * 7919) % 101) as f32 / 100.0)
-        .collect();
-    let weights = Tensor::<B, 3>::from_data(TensorData::new(weights, [2, 12, 128]), &device);
     let backward = model
         .forward_backward(ids, padding, checkpointing, |model, hidden| {
             let logits = model.logits_from_hidden(hidden);

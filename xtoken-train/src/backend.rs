@@ -140,8 +140,8 @@ pub fn check_available(kind: DeviceKind) -> Result<()> {
 }
 
 /// Whether tensors of `choice` (the value of the configuration key `key`: parameters or the
-/// compute dtype) can live on the backend `kind`: burn's ndarray holds f32 only, wgpu f32 and f16, CUDA and burn-flex also
-/// bf16. `auto` picks what the backend has.
+/// compute dtype) can live on the backend `kind`: burn's ndarray holds f32 only, wgpu f32 and
+/// f16, CUDA and burn-flex also bf16. `auto` picks what the backend has.
 pub fn check_dtype(kind: DeviceKind, choice: Result<DtypeChoice>, key: &str) -> Result<()> {
     let supported: &[DtypeChoice] = match kind {
         DeviceKind::Cpu => &[DtypeChoice::F32],

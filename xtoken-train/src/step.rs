@@ -221,26 +221,28 @@ impl Sums {
         }
     }
 
+    /// `Σ_m α_m L_m` with these sums' mean losses.
+    fn kd(&self, alphas: &[f64]) -> f64 {
+        self.teacher_losses()
+            .iter()
+            .zip(alphas)
+            .map(|(l, a)| l * a)
+            .sum()
+    }
+
     /// The α and `γ` these sums give (`γ` only with dynamic scaling).
     fn scaling(&self, statics: &[f64], setup: &LossSetup) -> Scaling {
         let alphas = self.alphas(statics, setup.weighting);
-        let kd: f64 = self
-            .teacher_losses()
-            .iter()
-            .zip(&alphas)
-            .map(|(l, a)| l * a)
-            .sum();
         Scaling {
             gamma: setup
                 .dynamic_scaling
-                .then(|| scaling::ratio_of(self.ce(), kd)),
+                .then(|| scaling::ratio_of(self.ce(), self.kd(&alphas))),
             alphas,
         }
     }
 
     /// The step's values, with the α it used (`alphas`) or, per micro-batch, their mean.
     fn values(&self, alphas: Option<&[f64]>, dynamic: bool) -> LossValues {
-        let losses = self.teacher_losses();
         let alphas: Vec<f64> = match alphas {
             Some(a) => a.to_vec(),
             None => self
@@ -249,10 +251,7 @@ impl Sums {
                 .map(|t| Self::mean(t[ALPHA], self.micro))
                 .collect(),
         };
-        let (ce, kd) = (
-            self.ce(),
-            losses.iter().zip(&alphas).map(|(l, a)| l * a).sum(),
-        );
+        let (ce, kd) = (self.ce(), self.kd(&alphas));
         LossValues {
             loss: if dynamic {
                 scaling::dynamic_value(ce, kd)
@@ -261,7 +260,7 @@ impl Sums {
             },
             ce,
             kd,
-            teachers: losses.into_iter().zip(alphas).collect(),
+            teachers: self.teacher_losses().into_iter().zip(alphas).collect(),
         }
     }
 }
@@ -710,8 +709,9 @@ pub fn step<B: TrainBackend>(
     profile::boundary::<B>(device, || "gradient exchange".into());
     let sums = Sums::unpack(&reduced.values, teachers.len());
     let values = sums.values(summed.alphas.as_deref(), setup.dynamic_scaling);
-    let statics: Vec<f64> = teachers.iter().map(|t| t.settings.alpha).collect();
-    let scaling = setup.measures().then(|| sums.scaling(&statics, setup));
+    let scaling = setup
+        .measures()
+        .then(|| sums.scaling(&static_alphas(teachers), setup));
     if !(values.loss.is_finite()) {
         return Err(Error::Run(format!(
             "the loss is {} (CE {}, KD {}); stopping before the weights are touched",
@@ -792,10 +792,7 @@ fn accumulate<B: TrainBackend>(
     }
     let fixed = match carried {
         Some(previous) => Some(previous.clone()),
-        None => pass_one.then(|| {
-            let statics: Vec<f64> = teachers.iter().map(|t| t.settings.alpha).collect();
-            step.scaling(&statics, setup)
-        }),
+        None => pass_one.then(|| step.scaling(&static_alphas(teachers), setup)),
     };
 
     let mut student_acc = GradientsAccumulator::<Transformer<B>>::new();
@@ -823,6 +820,11 @@ fn accumulate<B: TrainBackend>(
         sums,
         alphas: fixed.map(|f| f.alphas),
     })
+}
+
+/// Each teacher's configured α.
+fn static_alphas<B: TrainBackend>(teachers: &[Teacher<B>]) -> Vec<f64> {
+    teachers.iter().map(|t| t.settings.alpha).collect()
 }
 
 /// `previous + grads` for W's parameters.

@@ -112,3 +112,20 @@ pub fn worst_difference<B: Backend>(model: &Transformer<B>, case: &str) -> f32 {
     }
     worst
 }
+
+/// A fixed two-row training batch for the fixtures' 128-token vocabulary: ids `[2, 12]` and
+/// per-position target weights `[2, 12, 128]` for a weighted log-likelihood.
+pub fn training_batch<B: Backend>(device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 3>) {
+    let ids = Tensor::<B, 2, Int>::from_ints(
+        [
+            [5, 17, 99, 3, 64, 21, 8, 120, 45, 7, 2, 33],
+            [9, 1, 77, 101, 4, 56, 12, 90, 3, 3, 0, 127],
+        ],
+        device,
+    );
+    let weights: Vec<f32> = (0..2 * 12 * 128)
+        .map(|i| ((i * 7919) % 101) as f32 / 100.0)
+        .collect();
+    let weights = Tensor::<B, 3>::from_data(TensorData::new(weights, [2, 12, 128]), device);
+    (ids, weights)
+}

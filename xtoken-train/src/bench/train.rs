@@ -301,7 +301,7 @@ scaling_scope = {scope:?}
     )
 }
 
-/// One row per timed run; the step scope's time against the micro-batch scope's, and each
+/// One row per timed run; the step scope's time against each cheaper scope's, and each
 /// compute dtype's against f32's, where both ran.
 fn print_table(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) {
     println!(
