@@ -33,9 +33,15 @@ impl<B: DeviceMemory, C: CheckpointStrategy> DeviceMemory for Autodiff<B, C> {
     }
 }
 
-/// wgpu does not report its pools' usage.
+/// wgpu reports its pools, not the adapter's free memory.
 #[cfg(feature = "wgpu")]
-impl DeviceMemory for burn_wgpu::Wgpu {}
+impl DeviceMemory for burn_wgpu::Wgpu {
+    fn reserved_bytes(device: &Self::Device) -> Option<u64> {
+        use cubecl::Runtime;
+        let client = burn_wgpu::WgpuRuntime::client(device);
+        client.memory_usage().ok().map(|usage| usage.bytes_reserved)
+    }
+}
 
 #[cfg(feature = "cuda")]
 impl DeviceMemory for burn_cuda::Cuda {

@@ -139,3 +139,20 @@ fn autodiff_on_wgpu_returns_the_fused_gradient() {
     let fused = floats::<Wgpu, 3>(direct.grad_logits.unwrap());
     assert_eq!(through_autodiff, fused);
 }
+
+/// wgpu's memory pools report what they hold, so a run's memory cap can be checked against them
+/// after each step: a 64 MiB tensor grows them by at least that much.
+#[test]
+fn wgpu_reports_its_pools() {
+    use burn::tensor::backend::Backend;
+    use xtoken_kernels::memory::DeviceMemory;
+    type W = Wgpu<f32>;
+    let device = Default::default();
+    let before = W::reserved_bytes(&device).expect("wgpu reports its pools");
+    let big = Tensor::<W, 1>::ones([16 << 20], &device);
+    W::sync(&device).unwrap();
+    let after = W::reserved_bytes(&device).expect("wgpu reports its pools");
+    assert!(after >= before + (64 << 20), "{before} → {after} bytes");
+    drop(big);
+    assert_eq!(W::free_bytes(&device), None);
+}

@@ -16,6 +16,10 @@ pub enum Error {
     /// A run that cannot start, continue or finish as asked.
     #[error("{0}")]
     Run(String),
+    /// A run that does not fit its memory, or ran out of it; the message names the limit, the
+    /// largest part and the setting to lower.
+    #[error("{0}")]
+    Memory(String),
     /// Data-parallel workers that could not exchange their gradients or diverged.
     #[error("{0}")]
     Parallel(String),

@@ -28,6 +28,9 @@ pub struct RunInputs {
     pub sources: Vec<Source>,
     /// The aligned training data, when `data.cache` asks for a cache.
     pub cache: Option<Arc<AlignCache>>,
+    /// The resident memory reading them took (the tokenizers and aligners, mostly); 0 where
+    /// the system does not say. The memory estimate counts it.
+    pub resident_bytes: u64,
 }
 
 impl RunInputs {
@@ -45,6 +48,7 @@ impl RunInputs {
 
     /// What [`load`](Self::load) reads, without opening or building the alignment cache.
     pub fn read(config: &RunConfig) -> Result<Self> {
+        let before = crate::machine::resident();
         let student_config = HfConfig::read(&config.student.model)?;
         let limit = student_config.architecture.max_position_embeddings;
         if config.training.context_length > limit {
@@ -86,6 +90,10 @@ impl RunInputs {
             pipeline: Arc::new(pipeline),
             sources,
             cache: None,
+            resident_bytes: match (before, crate::machine::resident()) {
+                (Some(before), Some(after)) => after.saturating_sub(before),
+                _ => 0,
+            },
         })
     }
 }

@@ -70,6 +70,7 @@ pub mod inputs;
 pub mod launch;
 pub mod lock;
 pub mod machine;
+pub mod memory;
 pub mod metrics;
 pub mod optim;
 pub mod parallel;

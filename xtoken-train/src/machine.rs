@@ -24,6 +24,11 @@ fn status_bytes(name: &str) -> Option<u64> {
     Some(kib << 10)
 }
 
+/// The process's resident memory now; `None` off Linux.
+pub fn resident() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
 /// The process's peak resident memory (since it started, or since
 /// [`reset_peak_resident`]); `None` where the system does not say.
 pub fn peak_resident() -> Option<u64> {

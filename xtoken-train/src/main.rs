@@ -14,6 +14,14 @@ use clap::Parser;
 use cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    match xtoken_train::memory::cap() {
+        Ok(Some(bytes)) => bench::alloc::cap(bytes),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    }
     init_logging();
     remove_temporaries_on_interrupt();
     let result = match Cli::parse().command {

@@ -9,7 +9,6 @@ use std::path::PathBuf;
 
 use xtoken_core::loss::LossKind;
 use xtoken_core::projection::SparseProjection;
-use xtoken_models::{Architecture, HfConfig};
 
 use crate::backend::DeviceKind;
 use crate::config::{DtypeChoice, RunConfig};
@@ -17,9 +16,9 @@ use crate::data::pipeline::PIECE_BYTES;
 use crate::data::{DocumentReader, Source};
 use crate::error::{Context, Error, Result};
 use crate::inputs::RunInputs;
+use crate::memory::{self, MemoryEstimate};
 use crate::paths::refuse_holding;
 use crate::run::RunOptions;
-use crate::step::ScalingScope;
 
 /// A checked run and its plan.
 #[derive(Debug, Clone)]
@@ -42,7 +41,7 @@ pub struct Preflight {
     pub sources: Vec<SourcePlan>,
     /// The alignment cache, when configured: its path and whether it exists.
     pub cache: Option<(PathBuf, bool)>,
-    /// Estimated bytes of one device's memory.
+    /// Estimated bytes of one device's memory, and of the inputs every process holds.
     pub memory: MemoryEstimate,
 }
 
@@ -73,28 +72,6 @@ pub struct TeacherPlan {
     pub loss: (LossKind, Option<String>),
     /// W's file and whether it exists (`None` when the loss needs no W).
     pub projection: Option<(PathBuf, bool)>,
-}
-
-/// One device's memory, by part, in bytes.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct MemoryEstimate {
-    /// The student's weights, gradients and AdamW's two moments.
-    pub student: u64,
-    /// Every teacher's weights.
-    pub teachers: u64,
-    /// One micro-batch's activations: the layer boundaries kept by activation checkpointing
-    /// (every layer's activations without it), one layer's, and the logits with their gradient.
-    pub activations: u64,
-    /// The teachers' top-K targets: a whole step's of this worker with `scaling_scope = "step"`
-    /// (kept over its micro-batches), else one micro-batch's.
-    pub targets: u64,
-}
-
-impl MemoryEstimate {
-    /// The sum of the parts.
-    pub fn total(&self) -> u64 {
-        self.student + self.teachers + self.activations + self.targets
-    }
 }
 
 /// Reads and checks what the run `config` describes for `workers` data-parallel workers on the
@@ -160,15 +137,12 @@ pub fn check(
     let teachers: Vec<_> = (0..inputs.settings.len())
         .filter_map(|m| failures.note(teacher_plan(config, &inputs, m)))
         .collect();
-    let memory = failures.note(estimate(config, &inputs, accum.unwrap_or(1)));
-    match kind {
-        DeviceKind::Cpu | DeviceKind::Flex => failures.note(check_host_memory(config, &inputs)),
-        DeviceKind::Cuda => {
-            let free = xtoken_kernels::device::cuda_free_memory(0);
-            failures.note(check_device_memory(config, &inputs, free))
-        }
-        DeviceKind::Wgpu => None,
+    let memory = failures.note(memory::estimate(config, &inputs, accum.unwrap_or(1)));
+    let free = match kind {
+        DeviceKind::Cuda => xtoken_kernels::device::cuda_free_memory(0),
+        _ => None,
     };
+    failures.note(memory::check_fits(config, &inputs, free));
     let (Some(accum), Some(memory), true) = (accum, memory, failures.0.is_empty()) else {
         return Err(failures.into_error());
     };
@@ -293,59 +267,6 @@ pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -
     Ok(())
 }
 
-/// On the CPU, refuses a run whose estimated memory (see [`MemoryEstimate`]) is more than the
-/// machine has available, naming the estimate, the limit, the largest part and what to lower.
-pub fn check_host_memory(config: &RunConfig, inputs: &RunInputs) -> Result<()> {
-    let available = crate::machine::available_memory();
-    check_memory(config, inputs, available, "this machine has available")
-}
-
-/// On a GPU, refuses a run whose estimated memory is more than the device's free memory
-/// (`free`, where the backend reports it), as [`check_host_memory`] does on the CPU.
-pub fn check_device_memory(
-    config: &RunConfig,
-    inputs: &RunInputs,
-    free: Option<u64>,
-) -> Result<()> {
-    check_memory(config, inputs, free, "the device has free")
-}
-
-fn check_memory(
-    config: &RunConfig,
-    inputs: &RunInputs,
-    limit: Option<u64>,
-    whose: &str,
-) -> Result<()> {
-    let accum = config.grad_accum(1)?;
-    let m = estimate(config, inputs, accum)?;
-    let Some(limit) = limit.filter(|&limit| m.total() > limit) else {
-        return Ok(());
-    };
-    let parts = [
-        (m.student, "the student with gradients and AdamW"),
-        (m.teachers, "the teachers' weights"),
-        (
-            m.activations,
-            "one micro-batch's activations (lower training.context_length or \
-             training.micro_batch)",
-        ),
-        (
-            m.targets,
-            "the teachers' top-K targets (lower loss.top_k, or training.micro_batch)",
-        ),
-    ];
-    let largest = parts
-        .iter()
-        .max_by_key(|(bytes, _)| *bytes)
-        .map_or("", |(_, what)| what);
-    Err(Error::Config(format!(
-        "the run needs about {:.1} GB of memory, more than the {:.1} GB {whose}; the largest \
-         part is {largest} (see `xtoken train --check`)",
-        m.total() as f64 / 1e9,
-        limit as f64 / 1e9
-    )))
-}
-
 /// Opens a model directory's safetensors headers (no tensor is read).
 fn open_weights(dir: &std::path::Path) -> Result<()> {
     xtoken_models::checkpoint::Checkpoint::open(dir)?;
@@ -427,61 +348,6 @@ fn teacher_plan(config: &RunConfig, inputs: &RunInputs, m: usize) -> Result<Teac
     })
 }
 
-/// Bytes per parameter of a dtype choice on the configured device (`auto`: bf16 on a GPU).
-fn dtype_bytes(choice: DtypeChoice, gpu: bool) -> u64 {
-    match choice {
-        DtypeChoice::F32 => 4,
-        DtypeChoice::Auto if !gpu => 4,
-        _ => 2,
-    }
-}
-
-/// One device's memory: see [`MemoryEstimate`]'s parts.
-fn estimate(config: &RunConfig, inputs: &RunInputs, accum: usize) -> Result<MemoryEstimate> {
-    // Only ndarray lacks 16-bit floats (`auto` is f32 there).
-    let gpu = config.device != "cpu";
-    let t = &config.training;
-    let s: &Architecture = &inputs.student_config.architecture;
-    let student_bytes = dtype_bytes(config.student_dtype()?, gpu);
-    let teachers = inputs
-        .settings
-        .iter()
-        .zip(&inputs.teacher_configs)
-        .map(|(settings, c): (_, &HfConfig)| {
-            c.architecture.num_parameters() as u64 * dtype_bytes(settings.dtype, gpu)
-        })
-        .sum();
-    let tokens = (t.micro_batch * t.context_length) as u64;
-    let boundary = tokens * s.hidden_size as u64 * 4;
-    let layers = s.num_hidden_layers as u64;
-    let one_layer = 3
-        * t.micro_batch as u64
-        * s.num_attention_heads as u64
-        * (t.context_length as u64).pow(2)
-        * 4
-        + 8 * boundary
-        + tokens * s.intermediate_size as u64 * 4 * 3;
-    let kept = match t.activation_checkpointing {
-        true => layers * boundary + one_layer,
-        false => layers * one_layer,
-    };
-    let logits = 2 * tokens * s.vocab_size as u64 * 4;
-    // Every chunk keeps top-K (value, index) pairs per teacher; at most one chunk per student
-    // token. With the step's γ and α, a worker keeps its whole step's targets.
-    let top_k = match config.loss.top_k {
-        0 => s.vocab_size,
-        k => k.min(s.vocab_size),
-    } as u64;
-    let step_scope = config.scaling_scope()? == ScalingScope::Step;
-    let kept_micro = if step_scope { accum as u64 } else { 1 };
-    Ok(MemoryEstimate {
-        student: s.num_parameters() as u64 * student_bytes * 4,
-        teachers,
-        activations: kept + logits,
-        targets: inputs.settings.len() as u64 * 8 * top_k * tokens * kept_micro,
-    })
-}
-
 fn gb(bytes: u64) -> String {
     match bytes {
         b if b >= 1_000_000_000 => format!("{:.2} GB", b as f64 / 1e9),
@@ -559,15 +425,29 @@ impl fmt::Display for Preflight {
             writeln!(f, "alignment cache {} ({what})", path.display())?;
         }
         let m = &self.memory;
-        write!(
+        writeln!(
             f,
             "memory of one device, estimated: {} (student with gradients and AdamW {}, teachers \
-             {}, activations of a micro-batch {}, teacher targets {})",
+             {}, activations of a micro-batch {}, teacher targets {}{})",
             gb(m.total()),
             gb(m.student),
             gb(m.teachers),
             gb(m.activations),
-            gb(m.targets)
+            gb(m.targets),
+            match m.on_host {
+                true => format!(", tokenizers and aligners {}", gb(m.inputs)),
+                false => String::new(),
+            }
+        )?;
+        let devices = match m.on_host {
+            true => format!(" and {} device(s) in host memory", self.workers),
+            false => String::new(),
+        };
+        write!(
+            f,
+            "host memory of one process, estimated: {} (tokenizers and aligners {}{devices})",
+            gb(m.host_per_process(self.workers)),
+            gb(m.inputs)
         )
     }
 }

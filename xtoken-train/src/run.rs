@@ -50,6 +50,9 @@ pub struct RunOptions {
     pub allow_data_change: bool,
     /// The file the configuration was read from: never overwritten by the run.
     pub config_file: Option<PathBuf>,
+    /// Start although the memory estimate exceeds the device's (or the cap's) limit:
+    /// `xtoken bench train` measures what it is asked to run, and shows the estimate beside.
+    pub skip_memory_check: bool,
 }
 
 /// What a finished run reports.
@@ -136,9 +139,8 @@ impl<B: TrainBackend> Run<B> {
         let changed = open_directory(&config, options, lead)?;
         let progress = Progress::new(lead, &config);
         let inputs = RunInputs::load(&config, progress.visible)?;
-        match config.device.as_str() {
-            "cpu" | "flex" => crate::preflight::check_host_memory(&config, &inputs)?,
-            _ => crate::preflight::check_device_memory(&config, &inputs, B::free_bytes(&device))?,
+        if !options.skip_memory_check {
+            crate::memory::check_fits(&config, &inputs, B::free_bytes(&device))?;
         }
         let mut teachers = (0..inputs.settings.len())
             .map(|m| Teacher::<B>::load(&config, &inputs, m, &device, lead))
@@ -336,18 +338,21 @@ impl<B: TrainBackend> Run<B> {
             grad_clip: t.grad_clip,
             projection_lr: self.config.projection.lr,
         };
-        let outcome = step(
-            &mut self.trainable,
-            &mut self.teachers,
-            &batch,
-            &self.setup,
-            rates,
-            self.state.scaling.as_ref(),
-            &self.worker,
-            &self.device,
-        )
+        let outcome = catch_out_of_memory(n, || {
+            step(
+                &mut self.trainable,
+                &mut self.teachers,
+                &batch,
+                &self.setup,
+                rates,
+                self.state.scaling.as_ref(),
+                &self.worker,
+                &self.device,
+            )
+        })
         .with_context(|| format!("step {n}"))?;
         crate::profile::end_step();
+        crate::memory::check_pools(crate::memory::cap()?, B::reserved_bytes(&self.device), n)?;
         self.state.step = n;
         self.state.loader = batch.state_after;
         self.state.tokens += outcome.tokens;
@@ -474,6 +479,30 @@ pub fn train<B: TrainBackend>(
         }
     }
     run.export()
+}
+
+/// Runs one step's work; a device allocation failure, which burn's GPU backends raise as a
+/// panic, becomes [`Error::Memory`] naming the step and the settings to lower (any other panic
+/// goes on unwinding).
+fn catch_out_of_memory<T>(step: u64, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+        Ok(result) => result,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or_default();
+            if !crate::memory::is_out_of_memory(message) {
+                std::panic::resume_unwind(payload);
+            }
+            let first = message.lines().next().unwrap_or_default();
+            Err(Error::Memory(format!(
+                "out of device memory at step {step} ({first}); lower training.micro_batch or \
+                 training.context_length (see `xtoken train --check`)"
+            )))
+        }
+    }
 }
 
 /// The configuration as resolved for this run, for the comparison on `--resume` (the device

@@ -186,6 +186,7 @@ fn check_reads_everything_and_trains_nothing() {
         "2 shard(s)",
         "67 % of the documents",
         "memory of one device, estimated",
+        "host memory of one process, estimated",
     ] {
         assert!(plan.contains(expected), "{expected:?} in\n{plan}");
     }

@@ -1,10 +1,12 @@
 //! A counting global allocator, so `xtoken bench loss` can report the peak heap of one
-//! evaluation. It counts only once a benchmark calls [`enable`]: the counters are shared by
-//! every thread, and their cache line bouncing between cores halved the throughput of the
-//! alignment threads when every command counted.
+//! evaluation, and a command can be held to a memory cap. It counts only once a benchmark calls
+//! [`enable`] or a cap is set: the counters are shared by every thread, and their cache line
+//! bouncing between cores halved the throughput of the alignment threads when every command
+//! counted.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
 
 /// The system allocator, counting live bytes and their high-water mark once enabled.
 pub struct Counting;
@@ -14,15 +16,81 @@ static COUNTING: AtomicBool = AtomicBool::new(false);
 static CURRENT: AtomicIsize = AtomicIsize::new(0);
 static PEAK: AtomicIsize = AtomicIsize::new(0);
 
+/// The heap's cap in bytes (`usize::MAX`: none).
+static CAP: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Set by the allocation that passed the cap.
+static ENDING: AtomicBool = AtomicBool::new(false);
+
 /// Starts counting, for the rest of the process.
 pub fn enable() {
     COUNTING.store(true, Ordering::Relaxed);
+}
+
+/// Holds the heap allocated from now on to `bytes`: the allocation that would pass it ends the
+/// process with a message naming the cap and exit status 1 (rather than the abort a failed
+/// allocation is), and every other rank of a run sees this one leave.
+pub fn cap(bytes: u64) {
+    CAP.store(
+        usize::try_from(bytes).unwrap_or(usize::MAX),
+        Ordering::Relaxed,
+    );
+    enable();
 }
 
 fn grew(bytes: usize) {
     if COUNTING.load(Ordering::Relaxed) {
         let now = CURRENT.fetch_add(bytes as isize, Ordering::Relaxed) + bytes as isize;
         PEAK.fetch_max(now, Ordering::Relaxed);
+        let past = now > 0 && now as usize > CAP.load(Ordering::Relaxed);
+        // Once over, the allocations made while the process ends go through unchecked.
+        if past && !ENDING.swap(true, Ordering::Relaxed) {
+            over_cap(now as usize, bytes);
+        }
+    }
+}
+
+/// A `Write` into a fixed buffer: the message of [`over_cap`] is formatted without allocating.
+struct Fixed {
+    buffer: [u8; 512],
+    len: usize,
+}
+
+impl Write for Fixed {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = data.len().min(self.buffer.len() - self.len);
+        self.buffer[self.len..self.len + n].copy_from_slice(&data[..n]);
+        self.len += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Ends the process: the heap reached `now` bytes with an allocation of `bytes`, past the cap.
+/// Nothing here allocates or takes a lock.
+fn over_cap(now: usize, bytes: usize) -> ! {
+    let mut message = Fixed {
+        buffer: [0; 512],
+        len: 0,
+    };
+    let gb = |b: usize| b as f64 / 1e9;
+    let _ = writeln!(
+        message,
+        "error: out of memory: an allocation of {:.3} GB brings the heap to {:.3} GB, past the \
+         {:.3} GB cap {} sets; lower training.micro_batch or training.context_length (see \
+         `xtoken train --check`)",
+        gb(bytes),
+        gb(now),
+        gb(CAP.load(Ordering::Relaxed)),
+        xtoken_train::memory::CAP_VARIABLE
+    );
+    // SAFETY: a plain write(2) of an initialized buffer to standard error (no lock, no
+    // allocation); `_exit` then ends the process at once, running no handler that could allocate.
+    unsafe {
+        libc::write(2, message.buffer.as_ptr().cast(), message.len);
+        libc::_exit(1)
     }
 }
 

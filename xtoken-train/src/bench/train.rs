@@ -1,8 +1,9 @@
 //! `xtoken bench train`: the whole training step of `xtoken train` (data loader, teacher
 //! forward with top-K, student forward + backward with activation checkpointing, the fused
 //! distillation and CE losses, clipping, AdamW) on random models with the real tokenizers'
-//! vocabularies, timed per step, with the peak memory: the device pools where the backend
-//! reports them, else the host heap's growth after the first (warm-up) step.
+//! vocabularies, timed per step, with the peak memory (the device pools where the backend
+//! reports them, else the host heap's high-water mark over the timed steps) beside the estimate
+//! `xtoken train --check` prints for the same run.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -14,6 +15,8 @@ use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_models::{Architecture, SaveDtype, Transformer};
 use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
+use xtoken_train::inputs::RunInputs;
+use xtoken_train::memory;
 use xtoken_train::parallel::Worker;
 use xtoken_train::profile::{self, HostMemory, Phase, StepProfile};
 use xtoken_train::{Run, RunConfig, RunOptions};
@@ -305,9 +308,9 @@ scaling_scope = {scope:?}
 /// compute dtype's against f32's, where both ran.
 fn print_table(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) {
     println!(
-        "| device | student | teacher | loss | micro-batches × sequences × context | top-K | scaling scope | compute | s/step | student tokens/s | peak memory |"
+        "| device | student | teacher | loss | micro-batches × sequences × context | top-K | scaling scope | compute | s/step | student tokens/s | peak memory | `--check` estimate |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let name = |b: Body| match b {
         Body::Tiny => "tiny",
         Body::Llama100m => "100M",
@@ -318,7 +321,7 @@ fn print_table(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) {
         let seconds: f64 = timed.seconds.iter().sum();
         let tokens: u64 = timed.tokens.iter().sum();
         println!(
-            "| {} | {} | {} | {} | {} × {} × {} | {} | {} | {} | {:.3} | {:.0} | {:.2} GiB |",
+            "| {} | {} | {} | {} | {} × {} × {} | {} | {} | {} | {:.3} | {:.0} | {:.2} GiB | {:.2} GiB ({:.2}×) |",
             args.device,
             name(args.student),
             name(args.teacher),
@@ -331,7 +334,9 @@ fn print_table(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) {
             variant.compute,
             mean_of(&timed.seconds),
             tokens as f64 / seconds.max(1e-9),
-            timed.peak_bytes as f64 / (1u64 << 30) as f64
+            timed.peak_bytes as f64 / (1u64 << 30) as f64,
+            timed.estimate_bytes as f64 / (1u64 << 30) as f64,
+            timed.estimate_bytes as f64 / timed.peak_bytes.max(1) as f64
         );
     }
     let find = |scope: &str, compute: &str| {
@@ -388,6 +393,8 @@ struct Timed {
     seconds: Vec<f64>,
     tokens: Vec<u64>,
     peak_bytes: u64,
+    /// One device's memory as `xtoken train --check` estimates it.
+    estimate_bytes: u64,
     /// The warm-up step's wall time.
     first_seconds: f64,
     /// Every step's phases, the warm-up step first (with `--profile`).
@@ -413,7 +420,15 @@ impl OnBackend for Steps {
         mut devices: Vec<B::Device>,
     ) -> xtoken_train::Result<Timed> {
         let device = devices.remove(0);
-        let options = RunOptions::default();
+        let estimate_bytes = {
+            let inputs = RunInputs::read(&self.config)?;
+            let accum = self.config.grad_accum(1)?;
+            memory::estimate(&self.config, &inputs, accum)?.total()
+        };
+        let options = RunOptions {
+            skip_memory_check: true,
+            ..RunOptions::default()
+        };
         let mut run = Run::<B>::open(self.config, &options, device.clone(), Worker::alone())?;
         if self.profile {
             profile::record(Some(HostMemory {
@@ -424,12 +439,12 @@ impl OnBackend for Steps {
         let start = Instant::now();
         run.step()?;
         let first_seconds = start.elapsed().as_secs_f64();
-        let heap_base = alloc::current();
         alloc::reset_peak();
         let mut timed = Timed {
             seconds: Vec::new(),
             tokens: Vec::new(),
             peak_bytes: 0,
+            estimate_bytes,
             first_seconds,
             profiles: Vec::new(),
         };
@@ -448,9 +463,8 @@ impl OnBackend for Steps {
                 .flat_map(|p| &p.phases)
                 .map(|p| p.memory_bytes)
                 .max()
-                .unwrap_or(0)
-                .saturating_sub(heap_base.max(0) as u64),
-            None => alloc::peak_above(heap_base) as u64,
+                .unwrap_or(0),
+            None => heap_peak(),
         };
         Ok(timed)
     }
@@ -546,6 +560,7 @@ fn report(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) -> serde_json::Value
                 "mean_step_seconds": mean_of(&timed.seconds),
                 "student_tokens": timed.tokens,
                 "peak_memory_bytes": timed.peak_bytes,
+                "estimated_memory_bytes": timed.estimate_bytes,
             });
             if let Some((first, rest)) = timed.profiles.split_first() {
                 run["profile"] = serde_json::json!({

@@ -54,6 +54,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         extend: args.extend_steps,
         allow_data_change: args.allow_data_change,
         config_file: Some(args.config.clone()),
+        skip_memory_check: false,
     };
     if args.check {
         if let Some(device) = args.device {
