@@ -188,26 +188,25 @@ fn targets(
     Ok(teachers as u64 * 8 * top_k * tokens * kept)
 }
 
-/// Refuses a run whose estimated memory is more than its limit: on the CPU backends the
-/// memory the machine has available, on a GPU the device's free memory (`free`, where the
-/// backend reports it), and the cap [`CAP_VARIABLE`] sets, whichever is lower. The error names
-/// the estimate, the limit, the largest part and what to lower.
-pub fn check_fits(config: &RunConfig, inputs: &RunInputs, free: Option<u64>) -> Result<()> {
-    let kind: DeviceKind = config.device.parse()?;
-    let m = estimate(config, inputs, config.grad_accum(1)?)?;
-    let reported = match kind.on_host() {
+/// Refuses a run whose estimated memory `m` (of one worker's share of the step) is more than
+/// its limit: on the CPU backends the memory the machine has available, on a GPU the device's
+/// free memory (`free`, where the backend reports it), and the cap [`CAP_VARIABLE`] sets,
+/// whichever is lower. The error names the estimate, the limit, the largest part and what to
+/// lower.
+pub fn check_fits(m: &MemoryEstimate, free: Option<u64>) -> Result<()> {
+    let mut limit = match m.on_host {
         true => (
             crate::machine::available_memory(),
-            "this machine has available",
+            "this machine has available".to_string(),
         ),
-        false => (free, "the device has free"),
+        false => (free, "the device has free".to_string()),
     };
-    let capped = cap()?.map(|cap| (cap, format!("cap {CAP_VARIABLE} sets")));
-    let (limit, whose) = match (reported, capped) {
-        ((Some(have), whose), Some((cap, _))) if have < cap => (Some(have), whose.to_string()),
-        (_, Some((cap, whose))) => (Some(cap), whose),
-        ((have, whose), None) => (have, whose.to_string()),
-    };
+    if let Some(cap) = cap()? {
+        if limit.0.is_none_or(|have| cap <= have) {
+            limit = (Some(cap), format!("cap {CAP_VARIABLE} sets"));
+        }
+    }
+    let (limit, whose) = limit;
     match limit {
         Some(limit) if m.total() > limit => Err(Error::Memory(format!(
             "the run needs about {} of memory, more than the {} {whose}; the largest part is \
@@ -265,9 +264,9 @@ pub fn parse_bytes(text: &str) -> Option<u64> {
 
 /// On a GPU, fails once the device's pools hold more than `cap` (`reserved` bytes, read after
 /// a step; pools keep the largest working set, so this is the step's peak).
-pub fn check_pools(cap: Option<u64>, reserved: Option<u64>, step: u64) -> Result<()> {
-    match (cap, reserved) {
-        (Some(cap), Some(held)) if held > cap => Err(Error::Memory(format!(
+pub fn check_pools(cap: u64, reserved: Option<u64>, step: u64) -> Result<()> {
+    match reserved {
+        Some(held) if held > cap => Err(Error::Memory(format!(
             "out of memory at step {step}: the device's memory pools hold {:.2} GB, more than \
              the {:.2} GB cap {CAP_VARIABLE} sets; lower training.micro_batch or \
              training.context_length (see `xtoken train --check`)",
@@ -309,10 +308,9 @@ mod tests {
 
     #[test]
     fn pools_past_the_cap_end_the_run_by_name() {
-        check_pools(Some(100), Some(100), 3).unwrap();
-        check_pools(None, Some(1 << 40), 3).unwrap();
-        check_pools(Some(100), None, 3).unwrap();
-        let message = check_pools(Some(1_000_000_000), Some(3_000_000_000), 3)
+        check_pools(100, Some(100), 3).unwrap();
+        check_pools(100, None, 3).unwrap();
+        let message = check_pools(1_000_000_000, Some(3_000_000_000), 3)
             .unwrap_err()
             .to_string();
         assert!(message.contains("out of memory at step 3"), "{message}");

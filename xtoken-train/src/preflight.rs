@@ -142,7 +142,10 @@ pub fn check(
         DeviceKind::Cuda => xtoken_kernels::device::cuda_free_memory(0),
         _ => None,
     };
-    failures.note(memory::check_fits(config, &inputs, free));
+    // `train` compares the estimate of one worker's share of the step, as `Run::open` does.
+    let one = config.grad_accum(1);
+    let fits = one.and_then(|accum| memory::estimate(config, &inputs, accum));
+    failures.note(fits.and_then(|m| memory::check_fits(&m, free)));
     let (Some(accum), Some(memory), true) = (accum, memory, failures.0.is_empty()) else {
         return Err(failures.into_error());
     };

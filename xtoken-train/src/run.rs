@@ -28,6 +28,7 @@ use crate::export::{export_trained, write_student};
 use crate::harness::training::TrainingBenchmarks;
 use crate::inputs::RunInputs;
 use crate::lock::RunLock;
+use crate::memory::MemoryEstimate;
 use crate::metrics::{MetricsLog, StepMetrics};
 use crate::optim::Trainable;
 use crate::parallel::{fingerprint, Worker};
@@ -93,6 +94,10 @@ pub struct Run<B: TrainBackend> {
     pending_run_toml: Option<String>,
     /// The run directory's lock (lead worker), released when the run is dropped.
     lock: Option<RunLock>,
+    /// One device's memory as `--check` estimates it (one worker's share of the step).
+    memory: MemoryEstimate,
+    /// `XTOKEN_MEMORY_CAP`, read once: the device pools are compared with it after each step.
+    memory_cap: Option<u64>,
 }
 
 impl<B: TrainBackend> Run<B> {
@@ -139,8 +144,10 @@ impl<B: TrainBackend> Run<B> {
         let changed = open_directory(&config, options, lead)?;
         let progress = Progress::new(lead, &config);
         let inputs = RunInputs::load(&config, progress.visible)?;
+        let memory = crate::memory::estimate(&config, &inputs, config.grad_accum(1)?)?;
+        let memory_cap = crate::memory::cap()?;
         if !options.skip_memory_check {
-            crate::memory::check_fits(&config, &inputs, B::free_bytes(&device))?;
+            crate::memory::check_fits(&memory, B::free_bytes(&device))?;
         }
         let mut teachers = (0..inputs.settings.len())
             .map(|m| Teacher::<B>::load(&config, &inputs, m, &device, lead))
@@ -205,6 +212,8 @@ impl<B: TrainBackend> Run<B> {
             benchmarks,
             config,
             lock: None,
+            memory,
+            memory_cap,
         })
     }
 
@@ -314,6 +323,11 @@ impl<B: TrainBackend> Run<B> {
         self.state.step >= self.last
     }
 
+    /// One device's memory as `xtoken train --check` estimates it for this run.
+    pub fn memory_estimate(&self) -> MemoryEstimate {
+        self.memory
+    }
+
     /// Where the run stands.
     pub fn state(&self) -> &CheckpointState {
         &self.state
@@ -352,7 +366,9 @@ impl<B: TrainBackend> Run<B> {
         })
         .with_context(|| format!("step {n}"))?;
         crate::profile::end_step();
-        crate::memory::check_pools(crate::memory::cap()?, B::reserved_bytes(&self.device), n)?;
+        if let Some(cap) = self.memory_cap {
+            crate::memory::check_pools(cap, B::reserved_bytes(&self.device), n)?;
+        }
         self.state.step = n;
         self.state.loader = batch.state_after;
         self.state.tokens += outcome.tokens;

@@ -9,7 +9,7 @@ mod support;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use fixture::{config, fixture};
+use fixture::{bench_train_args, config, fixture};
 use serde_json::Value;
 
 fn xtoken_with_cap(cap: &str, args: &[&str]) -> Output {
@@ -117,28 +117,11 @@ fn a_run_past_the_cap_is_refused_before_its_first_step() {
 #[test]
 fn an_allocation_past_the_cap_ends_the_run_by_name() {
     let f = fixture("memory-alloc");
-    let work = f.dir.0.join("bench");
-    let tokenizer = |dir: &std::path::Path| dir.join("tokenizer.json").display().to_string();
+    let extra = ["--context", "2048", "--top-k", "64", "--steps", "1"];
+    let args = bench_train_args(&f, &f.dir.0.join("bench"), &extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let started = Instant::now();
-    let out = xtoken_with_cap(
-        "40MB",
-        &[
-            "bench",
-            "train",
-            "--student-tokenizer",
-            &tokenizer(&f.student),
-            "--teacher-tokenizer",
-            &tokenizer(&f.teacher),
-            "--context",
-            "2048",
-            "--top-k",
-            "64",
-            "--steps",
-            "1",
-            "--work-dir",
-            work.to_str().unwrap(),
-        ],
-    );
+    let out = xtoken_with_cap("40MB", &args);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("training steps"), "the step began:\n{err}");

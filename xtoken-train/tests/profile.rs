@@ -5,7 +5,7 @@ mod fixture;
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
-use fixture::{fixture, ok, xtoken};
+use fixture::{bench_train_args, fixture, ok, xtoken};
 use serde_json::Value;
 
 /// The phases one step of one teacher with a learnable W runs, with the times each runs over
@@ -39,14 +39,7 @@ fn phase_seconds(profile: &Value) -> f64 {
 fn the_phases_add_up_to_the_step() {
     let f = fixture("profile");
     let (json, work) = (f.dir.0.join("profile.json"), f.dir.0.join("bench"));
-    let tokenizer = |dir: &std::path::Path| dir.join("tokenizer.json").display().to_string();
-    let out = xtoken(&[
-        "bench",
-        "train",
-        "--student-tokenizer",
-        &tokenizer(&f.student),
-        "--teacher-tokenizer",
-        &tokenizer(&f.teacher),
+    let extra = [
         "--context",
         "48",
         "--grad-accum",
@@ -62,9 +55,9 @@ fn the_phases_add_up_to_the_step() {
         "--profile",
         "--json",
         json.to_str().unwrap(),
-        "--work-dir",
-        work.to_str().unwrap(),
-    ]);
+    ];
+    let args = bench_train_args(&f, &work, &extra);
+    let out = xtoken(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     ok(out);
     assert!(stdout.contains("| phase | runs |"), "{stdout}");

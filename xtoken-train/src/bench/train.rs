@@ -15,8 +15,6 @@ use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_models::{Architecture, SaveDtype, Transformer};
 use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
-use xtoken_train::inputs::RunInputs;
-use xtoken_train::memory;
 use xtoken_train::parallel::Worker;
 use xtoken_train::profile::{self, HostMemory, Phase, StepProfile};
 use xtoken_train::{Run, RunConfig, RunOptions};
@@ -420,16 +418,12 @@ impl OnBackend for Steps {
         mut devices: Vec<B::Device>,
     ) -> xtoken_train::Result<Timed> {
         let device = devices.remove(0);
-        let estimate_bytes = {
-            let inputs = RunInputs::read(&self.config)?;
-            let accum = self.config.grad_accum(1)?;
-            memory::estimate(&self.config, &inputs, accum)?.total()
-        };
         let options = RunOptions {
             skip_memory_check: true,
             ..RunOptions::default()
         };
         let mut run = Run::<B>::open(self.config, &options, device.clone(), Worker::alone())?;
+        let estimate_bytes = run.memory_estimate().total();
         if self.profile {
             profile::record(Some(HostMemory {
                 reset_peak: alloc::reset_peak,
