@@ -5,6 +5,8 @@
 # bf16 (f32 master weights: mixed precision), `bench forward` in bf16
 # (forward, forward + backward) and `bench kernels`, each under its own time limit, written as
 # they finish into OUT/report.md and OUT/report.json (with each run's own output beside them).
+# The random models are made once, in a temporary directory removed at the end; the first
+# training part's output says how long that took.
 #
 # Usage: scripts/gpu-step.sh OUT
 # Environment:
@@ -98,8 +100,11 @@ part() {
 if [ -n "${TORCH_BASELINE:-}" ]; then
     part torch-baseline python3 "$TORCH_BASELINE" --context "$context" --steps "$steps" --top-k "$top_k"
 fi
+# Both training parts share one work directory: the random models are made once, by the first.
+work="$(mktemp -d "${TMPDIR:-/tmp}/xtoken-gpu-step.XXXXXX")" || exit 2
+trap 'rm -rf "$work"' EXIT
 for compute in f32 bf16; do
-    part "train-$compute" "$xtoken" bench train --device "$train_device" \
+    part "train-$compute" "$xtoken" bench train --device "$train_device" --work-dir "$work" \
         --student-tokenizer "$tokenizers/llama-3.2" --teacher-tokenizer "$tokenizers/qwen3" \
         --student "$student" --teacher "$teacher" --loss pkl --context "$context" \
         --top-k "$top_k" --steps "$steps" --compute-dtype "$compute" --profile \

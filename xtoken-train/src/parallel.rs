@@ -231,7 +231,7 @@ mod collective {
     use xtoken_core::loss::pkl::LearnableProjection;
 
     use super::{Exchange, Nodes, Summed, Worker, PIECE};
-    use crate::error::{Context, Error, Result};
+    use crate::error::{Error, Result};
 
     /// Where each gradient sits in the flat exchange tensor: its parameter, shape and dtype.
     type Layout = Vec<(ParamId, Vec<usize>, DType)>;
@@ -412,35 +412,75 @@ mod collective {
         })
     }
 
-    /// One worker thread: joins the collective, works, and leaves it (even after an error, so
-    /// that the others are not left waiting on a registration that never ends).
+    /// The error that ends a run of workers: the first one raised, not the errors it causes in
+    /// the others (an operation of the collective ended because a peer left).
+    type FirstError = std::sync::Mutex<Option<Error>>;
+
+    /// Keeps `e` if it is the run's first error.
+    fn note(first: &FirstError, e: Error) {
+        let mut slot = first.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(e);
+    }
+
+    /// The text of a panic's payload.
+    fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into())
+    }
+
+    /// One worker thread: joins the collective, works, and leaves it even after an error or a
+    /// panic, so that the collective ends the operations the others wait on instead of leaving
+    /// them hanging. An error is noted in `first` before the worker leaves: the cause comes
+    /// before the errors it causes. `None` when this worker failed.
     fn worker<B, T, F>(
         (rank, count, log): (usize, usize, Option<crate::cluster::ExchangeLog>),
         device: B::Device,
         config: CollectiveConfig,
-        work: &F,
-    ) -> Result<T>
+        (work, first): (&F, &FirstError),
+    ) -> Option<T>
     where
         B: AutodiffBackend,
         F: Fn(Worker, B::Device) -> Result<T>,
     {
         let peer = PeerId::from(rank);
-        collective::register::<B::InnerBackend>(peer, device.clone(), config).map_err(|e| {
-            Error::Parallel(format!("worker {rank}: joining the collective: {e:?}"))
-        })?;
+        if let Err(e) = collective::register::<B::InnerBackend>(peer, device.clone(), config) {
+            let e = Error::Parallel(format!("worker {rank}: joining the collective: {e:?}"));
+            note(first, e);
+            return None;
+        }
         let worker = Worker {
             rank,
             count,
             peer: Some(peer),
             log,
         };
-        let result = work(worker, device);
-        let finished = collective::finish_collective::<B::InnerBackend>(peer);
-        let value = result.with_context(|| format!("worker {rank}"))?;
-        finished.map_err(|e| {
-            Error::Parallel(format!("worker {rank}: leaving the collective: {e:?}"))
-        })?;
-        Ok(value)
+        let run = std::panic::AssertUnwindSafe(|| work(worker, device));
+        let value = match std::panic::catch_unwind(run) {
+            Ok(Ok(value)) => Some(value),
+            Ok(Err(e)) => {
+                let context = format!("worker {rank}");
+                let source = Box::new(e);
+                note(first, Error::Context { context, source });
+                None
+            }
+            Err(panic) => {
+                let text = panic_text(&*panic);
+                note(
+                    first,
+                    Error::Parallel(format!("worker {rank} panicked: {text}")),
+                );
+                None
+            }
+        };
+        if let Err(e) = collective::finish_collective::<B::InnerBackend>(peer) {
+            let e = Error::Parallel(format!("worker {rank}: leaving the collective: {e:?}"));
+            note(first, e);
+            return None;
+        }
+        value
     }
 
     /// The collective's settings: a tree over this process's devices and, with `nodes`, a ring
@@ -480,37 +520,31 @@ mod collective {
     {
         let local = devices.len();
         let config = settings(local, nodes)?;
-        let (first, count) = nodes.map_or((0, local), |n| (n.rank * local, n.count * local));
+        let (start, count) = nodes.map_or((0, local), |n| (n.rank * local, n.count * local));
+        let first = FirstError::default();
         std::thread::scope(|scope| {
             let mut handles = Vec::with_capacity(local);
             for (i, device) in devices.into_iter().enumerate() {
-                let (config, work, rank) = (config.clone(), &work, first + i);
+                let (config, jobs, rank) = (config.clone(), (&work, &first), start + i);
                 let log = nodes.and_then(|n| n.logs.get(i).cloned());
                 let handle = std::thread::Builder::new()
                     .name(format!("xtoken-worker-{rank}"))
                     .spawn_scoped(scope, move || {
-                        worker::<B, T, F>((rank, count, log), device, config, work)
+                        worker::<B, T, F>((rank, count, log), device, config, jobs)
                     })?;
                 handles.push(handle);
             }
-            let mut results = Vec::with_capacity(count);
-            let mut first_error = None;
-            for handle in handles {
-                match handle.join() {
-                    Ok(Ok(value)) => results.push(value),
-                    Ok(Err(e)) => {
-                        first_error.get_or_insert(e);
-                    }
-                    Err(_) => {
-                        let panicked = Error::Parallel("a worker thread panicked".into());
-                        first_error.get_or_insert(panicked);
-                    }
-                }
+            let results: Vec<Option<T>> = handles
+                .into_iter()
+                .map(|handle| handle.join().ok().flatten())
+                .collect();
+            if let Some(e) = first.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                return Err(e);
             }
-            match first_error {
-                Some(e) => Err(e),
-                None => Ok(results),
-            }
+            results
+                .into_iter()
+                .collect::<Option<Vec<T>>>()
+                .ok_or_else(|| Error::Parallel("a worker thread ended without a result".into()))
         })
     }
 }

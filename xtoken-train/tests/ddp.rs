@@ -115,3 +115,54 @@ fn two_workers_of_two_micro_batches_match_one_pass_over_the_combined_batch() {
         }
     }
 }
+
+/// A worker that fails (an error, at once or between two exchanges, or a panic) ends the run
+/// of the others within seconds, and the run's error is that worker's, not the others' report
+/// that a peer left. No exchange completes without it. Before, the others waited forever in
+/// the all-reduce it never joined, or summed over the workers that were left.
+#[test]
+fn a_failing_worker_ends_every_worker_with_its_error() {
+    use burn::backend::Autodiff;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use xtoken_train::parallel::run_workers;
+    use xtoken_train::Error;
+
+    type Cpu = Autodiff<NdArray>;
+    // (the failing rank, the exchanges it makes first, whether it panics)
+    for (failing, before, panics) in [(1, 0, false), (2, 1, false), (0, 2, true)] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let exchanged = Arc::new(AtomicUsize::new(0));
+        let counter = exchanged.clone();
+        std::thread::spawn(move || {
+            let devices = vec![Default::default(); 3];
+            let result = run_workers::<Cpu, _, _>(devices, None, |worker, device| {
+                for exchange in 0..4 {
+                    if worker.rank == failing && exchange == before {
+                        // The others are waiting in this exchange by now.
+                        std::thread::sleep(std::time::Duration::from_millis(300));
+                        assert!(!panics, "the test's panic");
+                        return Err(Error::Memory("the test's failure".into()));
+                    }
+                    let flat = Tensor::<NdArray, 1>::ones([8], &device);
+                    worker.sum_flat(flat)?;
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(worker.rank)
+            });
+            let _ = tx.send(result.map_err(|e| e.report()));
+        });
+        let result = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("rank {failing} failing: the other workers hang"));
+        let report = result.expect_err("a worker failed");
+        assert!(report.contains(&format!("worker {failing}")), "{report}");
+        let cause = if panics {
+            "the test's panic"
+        } else {
+            "the test's failure"
+        };
+        assert!(report.contains(cause), "{report}");
+        assert_eq!(exchanged.load(Ordering::SeqCst), 3 * before, "{report}");
+    }
+}

@@ -141,6 +141,12 @@ fn the_gpu_step_script_runs_dry_on_the_cpu() {
             .expect("the profile's steps");
         assert_eq!(steps.len(), 1);
     }
+    // The first training part makes the random models, the second keeps them.
+    for body in ["student", "teacher"] {
+        let made = |part: &str| report[part]["model_seconds"][body].as_f64();
+        assert!(made("train_f32").is_some_and(|s| s > 0.0), "{report}");
+        assert_eq!(made("train_bf16"), Some(0.0), "{report}");
+    }
     let markdown = std::fs::read_to_string(out.join("report.md")).unwrap();
     for heading in [
         "## train-f32 (exit 0",

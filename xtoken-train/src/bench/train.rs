@@ -44,7 +44,7 @@ impl Body {
                 let mut arch = Architecture::llama(vocab, 2560, 9728, 36, 32, 8);
                 arch.head_dim = 128;
                 arch.rope.rotary_dim = 128;
-                arch.tie_word_embeddings = false;
+                // Qwen3-4B ties its head to the embedding (4.02 B parameters), as Llama does.
                 arch
             }
         }
@@ -180,26 +180,46 @@ fn corpus(docs: usize) -> String {
     out
 }
 
+/// The file that says which random model a work directory's model folder holds.
+const MADE: &str = "xtoken-bench-model.json";
+
+/// Writes a random model of `body` at the tokenizer's width into `dir`, or keeps the one a
+/// previous run made there from the same body, tokenizer and seed (a `--work-dir` shared by
+/// several runs makes each model once). Returns the seconds spent making it (0 when kept).
 fn model_dir(
     dir: &std::path::Path,
     body: Body,
     tokenizer: &std::path::Path,
     seed: u64,
-) -> Result<()> {
+) -> Result<f64> {
     let json = xtoken_core::vocab::resolve_tokenizer_json(tokenizer)?;
     let vocab = xtoken_core::vocab::Vocabulary::load(&json)?.size();
     // Model vocabularies are padded to a multiple of 64, as released checkpoints are.
     let arch = body.architecture(vocab.div_ceil(64) * 64);
+    let stamp = serde_json::json!({
+        "body": body_name(body),
+        "tokenizer": json.canonicalize()?.display().to_string(),
+        "vocab": vocab,
+        "seed": seed,
+    })
+    .to_string();
+    if std::fs::read_to_string(dir.join(MADE)).ok().as_deref() == Some(stamp.as_str()) {
+        eprintln!("keeping the random model in {}", dir.display());
+        return Ok(0.0);
+    }
     eprintln!(
         "writing a random model ({} parameters) into {}",
         arch.num_parameters(),
         dir.display()
     );
+    let started = Instant::now();
+    std::fs::remove_file(dir.join(MADE)).ok();
     let model = Transformer::<NdArray>::random(&arch, seed, DType::F32, &Default::default())?;
     model.save(dir, SaveDtype::BF16)?;
     std::fs::copy(&json, dir.join("tokenizer.json"))
         .with_context(|| format!("copying {}", json.display()))?;
-    Ok(())
+    std::fs::write(dir.join(MADE), stamp)?;
+    Ok(started.elapsed().as_secs_f64())
 }
 
 /// Runs the benchmark and prints a Markdown table.
@@ -208,8 +228,16 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
     let work = args.work_dir_or_temp();
     std::fs::create_dir_all(&work)?;
     let (student, teacher) = (work.join("student"), work.join("teacher"));
-    model_dir(&student, args.student, &args.student_tokenizer, 1)?;
-    model_dir(&teacher, args.teacher, &args.teacher_tokenizer, 2)?;
+    let made = [
+        model_dir(&student, args.student, &args.student_tokenizer, 1)?,
+        model_dir(&teacher, args.teacher, &args.teacher_tokenizer, 2)?,
+    ];
+    println!(
+        "Random models made in {:.1} s (student {:.1} s, teacher {:.1} s; 0: kept from the work directory).\n",
+        made[0] + made[1],
+        made[0],
+        made[1]
+    );
     let data = work.join("corpus.jsonl");
     let sequences = args.micro_batch * args.grad_accum.max(1);
     let docs = (sequences * args.context * (args.steps as usize + 1) / 150).max(8) + 4;
@@ -234,7 +262,9 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
         }
     }
     if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&report(&args, &rows))?;
+        let mut report = report(&args, &rows);
+        report["model_seconds"] = serde_json::json!({"student": made[0], "teacher": made[1]});
+        let json = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
     }
     if args.work_dir.is_none() {

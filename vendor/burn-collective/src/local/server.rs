@@ -59,6 +59,11 @@ pub(crate) struct LocalCollectiveServer<B: Backend> {
 
     /// Client for global collective operations
     global_client: Option<Node<B, Network>>,
+
+    /// xtoken patch: a peer that left while others stayed (upstream kept no record, so an
+    /// operation the departed peer never joined waited forever, or a later one completed over
+    /// fewer peers).
+    departed: Option<PeerId>,
 }
 
 #[derive(Debug)]
@@ -179,6 +184,7 @@ impl<B: Backend> LocalCollectiveServer<B> {
             broadcast_op: None,
             callbacks_register: vec![],
             global_client: None,
+            departed: None,
         }
     }
 
@@ -334,6 +340,10 @@ impl<B: Backend> LocalCollectiveServer<B> {
                 .unwrap();
             return;
         }
+        if let Some(err) = self.departure() {
+            callback.send(Err(err)).unwrap();
+            return;
+        }
 
         if self.all_reduce_op.is_none() {
             // First call to all-reduce
@@ -375,6 +385,10 @@ impl<B: Backend> LocalCollectiveServer<B> {
             callback
                 .send(Err(CollectiveError::RegisterNotFirstOperation))
                 .unwrap();
+            return;
+        }
+        if let Some(err) = self.departure() {
+            callback.send(Err(err)).unwrap();
             return;
         }
 
@@ -429,6 +443,10 @@ impl<B: Backend> LocalCollectiveServer<B> {
                 .unwrap();
             return;
         }
+        if let Some(err) = self.departure() {
+            callback.send(Err(err)).unwrap();
+            return;
+        }
 
         if self.broadcast_op.is_none() {
             // First call to broadcast
@@ -464,6 +482,38 @@ impl<B: Backend> LocalCollectiveServer<B> {
         self.all_reduce_op = None;
         self.reduce_op = None;
         self.broadcast_op = None;
+        self.departed = None;
+    }
+
+    /// xtoken patch: the error of an operation called after a peer left the others.
+    fn departure(&self) -> Option<CollectiveError> {
+        self.departed.map(|id| {
+            CollectiveError::Other(format!(
+                "peer {id} left the collective while the others still needed it"
+            ))
+        })
+    }
+
+    /// xtoken patch: a peer leaving while others stay ends every operation they wait on, and
+    /// every later one, with an error; the last peer leaving clears the record.
+    fn note_departure(&mut self, id: PeerId) {
+        if self.peers.is_empty() {
+            self.departed = None;
+            return;
+        }
+        self.departed.get_or_insert(id);
+        let Some(err) = self.departure() else {
+            return;
+        };
+        if let Some(op) = self.all_reduce_op.take() {
+            op.fail(err.clone());
+        }
+        if let Some(op) = self.reduce_op.take() {
+            op.fail(err.clone());
+        }
+        if let Some(op) = self.broadcast_op.take() {
+            op.fail(err);
+        }
     }
 
     /// Processes a Message::Finish.
@@ -483,6 +533,7 @@ impl<B: Backend> LocalCollectiveServer<B> {
 
         // Remove registered with id
         self.peers.retain(|x| *x != id);
+        self.note_departure(id);
 
         if self.peers.is_empty()
             && let Some(mut global_client) = self.global_client.take()
