@@ -25,6 +25,7 @@
 //! (module `cube`, built with the `cuda` or `wgpu` feature).
 
 mod checks;
+pub mod compilations;
 #[cfg(feature = "cube")]
 pub mod cube;
 pub mod device;

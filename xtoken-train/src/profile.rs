@@ -1,7 +1,8 @@
 //! Where a training step's time goes: the wall time of each phase (data wait, each teacher's
 //! forward and top-K, the student's pass 1, forward, head, each loss, backward with
-//! recomputation, the gradient exchange, clipping + AdamW, W's AdamW) and the memory each
-//! phase reaches.
+//! recomputation, the gradient exchange, clipping + AdamW, W's AdamW), the memory each phase
+//! reaches and, on a cubecl backend whose compilations are counted
+//! ([`xtoken_kernels::compilations`]), the kernels each phase compiles.
 //!
 //! A GPU runs ahead of the host, so a phase is only timed truly with the device synchronized at
 //! its boundary; those synchronizations stall the pipeline, so they happen only while a
@@ -37,6 +38,9 @@ pub struct Phase {
     /// Memory at the phase's highest (host: the heap's high-water mark; device: the bytes its
     /// pools hold, which they keep once reserved), the largest over its runs.
     pub memory_bytes: u64,
+    /// Kernels compiled in the phase (summed over its runs); `None` where nothing counts them
+    /// (the CPU backends, or cubecl's configuration read before counting began).
+    pub compilations: Option<u64>,
 }
 
 /// The phases of one step, in the order they first ran.
@@ -60,6 +64,10 @@ impl StepProfile {
                 p.seconds += phase.seconds;
                 p.count += phase.count;
                 p.memory_bytes = p.memory_bytes.max(phase.memory_bytes);
+                p.compilations = match (p.compilations, phase.compilations) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                };
             }
             None => self.phases.push(phase.clone()),
         }
@@ -70,6 +78,8 @@ impl StepProfile {
 struct Recorder {
     host: Option<HostMemory>,
     since: Instant,
+    /// Kernels compiled before the current phase began.
+    compiled: Option<u64>,
     current: StepProfile,
     steps: Vec<StepProfile>,
 }
@@ -85,6 +95,7 @@ pub fn record(host: Option<HostMemory>) {
         *r.borrow_mut() = Some(Recorder {
             host,
             since: Instant::now(),
+            compiled: xtoken_kernels::compilations::count(),
             current: StepProfile::default(),
             steps: Vec::new(),
         })
@@ -107,6 +118,7 @@ pub(crate) fn start_step() {
         if let Some(r) = r.borrow_mut().as_mut() {
             r.current = StepProfile::default();
             r.since = Instant::now();
+            r.compiled = xtoken_kernels::compilations::count();
             if let Some(host) = r.host {
                 (host.reset_peak)();
             }
@@ -134,11 +146,15 @@ pub(crate) fn boundary<B: Backend + DeviceMemory>(
                 (None, Some(host)) => (host.peak_bytes)(),
                 (None, None) => 0,
             };
+            let compiled = xtoken_kernels::compilations::count();
+            let compilations = compiled.zip(r.compiled).map(|(now, then)| now - then);
+            r.compiled = compiled;
             r.current.absorb(&Phase {
                 name: name(),
                 seconds,
                 count: 1,
                 memory_bytes: memory,
+                compilations,
             });
             if let Some(host) = r.host {
                 (host.reset_peak)();

@@ -14,7 +14,7 @@ use burn::tensor::DType;
 use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_models::{Architecture, SaveDtype, Transformer};
-use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
+use xtoken_train::backend::{on_backend, DeviceKind, OnBackend, TrainBackend};
 use xtoken_train::parallel::Worker;
 use xtoken_train::profile::{self, HostMemory, Phase, StepProfile};
 use xtoken_train::{Run, RunConfig, RunOptions};
@@ -227,6 +227,13 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
     alloc::enable();
     let work = args.work_dir_or_temp();
     std::fs::create_dir_all(&work)?;
+    let kind: DeviceKind = args.device.parse()?;
+    if args.profile && !kind.on_host() {
+        let log = work.join("cubecl-compilations.log");
+        if !xtoken_kernels::compilations::watch(&log) {
+            eprintln!("kernel compilations are not counted (cubecl's own configuration logs them)");
+        }
+    }
     let (student, teacher) = (work.join("student"), work.join("teacher"));
     let made = [
         model_dir(&student, args.student, &args.student_tokenizer, 1)?,
@@ -496,6 +503,8 @@ impl OnBackend for Steps {
 
 /// The phases of the steps after the first, each the mean over those steps (memory: the
 /// largest).
+/// The mean of `steps`' phases; kernel compilations are their total (any after the first step
+/// is worth seeing).
 fn mean_phases(steps: &[StepProfile]) -> StepProfile {
     let mut mean = StepProfile::default();
     steps
@@ -521,10 +530,21 @@ fn profile_table(variant: &Variant, timed: &Timed) -> String {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let mut out = format!(
         "Phases (scaling scope {}, compute {}): first step {:.3} s, then {:.3} s per step\n\n\
-         | phase | runs | first step (s) | next steps, mean (s) | share | memory in use (GiB) |\n\
-         |---|---|---|---|---|---|\n",
+         | phase | runs | first step (s) | next steps, mean (s) | share | memory in use (GiB) | kernels compiled: first step, next steps |\n\
+         |---|---|---|---|---|---|---|\n",
         variant.scope, variant.compute, timed.first_seconds, step
     );
+    let counted = first.phases.iter().any(|p| p.compilations.is_some());
+    let compiled_in = |profile: &StepProfile, name: &str| match counted {
+        false => "—".to_string(),
+        true => profile
+            .phases
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.compilations)
+            .unwrap_or(0)
+            .to_string(),
+    };
     let seconds_in = |profile: &StepProfile, name: &str| {
         profile
             .phases
@@ -552,11 +572,13 @@ fn profile_table(variant: &Variant, timed: &Timed) -> String {
         let (runs, memory) = p.map(|p| (p.count, p.memory_bytes)).unwrap_or((0, 0));
         let next = seconds_in(&mean, name);
         out += &format!(
-            "| {name} | {runs} | {:.4} | {:.4} | {:.1} % | {:.2} |\n",
+            "| {name} | {runs} | {:.4} | {:.4} | {:.1} % | {:.2} | {}, {} |\n",
             seconds_in(first, name),
             next,
             100.0 * next / step.max(1e-12),
-            gib(memory)
+            gib(memory),
+            compiled_in(first, name),
+            compiled_in(&mean, name),
         );
     }
     out += &format!(
