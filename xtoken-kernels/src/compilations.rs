@@ -55,20 +55,16 @@ mod cube {
         }
         let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
         let logger = &mut config.compilation.logger;
-        if !matches!(logger.level, CompilationLogLevel::Disabled) {
-            *stored = Some(Arc::new(config));
-            return false;
-        }
         // Every logger cubecl makes appends to one file that starts empty here.
-        if std::fs::File::create(log).is_err() {
-            *stored = Some(Arc::new(config));
-            return false;
+        let counting = matches!(logger.level, CompilationLogLevel::Disabled)
+            && std::fs::File::create(log).is_ok();
+        if counting {
+            logger.level = CompilationLogLevel::Basic;
+            logger.file = Some(log.to_path_buf());
+            logger.append = true;
         }
-        logger.level = CompilationLogLevel::Basic;
-        logger.file = Some(log.to_path_buf());
-        logger.append = true;
         *stored = Some(Arc::new(config));
-        LOG.set(log.to_path_buf()).is_ok()
+        counting && LOG.set(log.to_path_buf()).is_ok()
     }
 
     pub(super) fn count() -> Option<u64> {

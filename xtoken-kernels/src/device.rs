@@ -73,13 +73,17 @@ pub fn quietly(work: impl FnOnce()) -> Result<(), String> {
 }
 
 fn message(payload: &(dyn Any + Send)) -> String {
-    if let Some(text) = payload.downcast_ref::<&str>() {
-        text.to_string()
-    } else if let Some(text) = payload.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "the backend panicked without a message".into()
-    }
+    panic_text(payload)
+        .unwrap_or("the backend panicked without a message")
+        .to_string()
+}
+
+/// The text a panic's payload carries (`panic!` with a literal or a formatted message).
+pub fn panic_text(payload: &(dyn Any + Send)) -> Option<&str> {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
 }
 
 #[cfg(test)]

@@ -422,15 +422,6 @@ mod collective {
         slot.get_or_insert(e);
     }
 
-    /// The text of a panic's payload.
-    fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-        payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".into())
-    }
-
     /// One worker thread: joins the collective, works, and leaves it even after an error or a
     /// panic, so that the collective ends the operations the others wait on instead of leaving
     /// them hanging. An error is noted in `first` before the worker leaves: the cause comes
@@ -467,7 +458,8 @@ mod collective {
                 None
             }
             Err(panic) => {
-                let text = panic_text(&*panic);
+                let text = xtoken_kernels::device::panic_text(&*panic)
+                    .unwrap_or("a panic without a message");
                 note(
                     first,
                     Error::Parallel(format!("worker {rank} panicked: {text}")),

@@ -56,6 +56,11 @@ impl StepProfile {
         self.phases.iter().map(|p| p.seconds).sum()
     }
 
+    /// The phase named `name`, if it ran.
+    pub fn phase(&self, name: &str) -> Option<&Phase> {
+        self.phases.iter().find(|p| p.name == name)
+    }
+
     /// Adds `phase` to the phase of its name (seconds and runs summed, memory the largest), or
     /// appends it.
     pub fn absorb(&mut self, phase: &Phase) {

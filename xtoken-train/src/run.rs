@@ -504,11 +504,7 @@ fn catch_out_of_memory<T>(step: u64, work: impl FnOnce() -> Result<T>) -> Result
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
         Ok(result) => result,
         Err(payload) => {
-            let message = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or_default();
+            let message = xtoken_kernels::device::panic_text(&*payload).unwrap_or_default();
             if !crate::memory::is_out_of_memory(message) {
                 std::panic::resume_unwind(payload);
             }

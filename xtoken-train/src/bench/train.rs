@@ -231,7 +231,11 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
     if args.profile && !kind.on_host() {
         let log = work.join("cubecl-compilations.log");
         if !xtoken_kernels::compilations::watch(&log) {
-            eprintln!("kernel compilations are not counted (cubecl's own configuration logs them)");
+            eprintln!(
+                "kernel compilations are not counted: cubecl's configuration logs them itself, \
+                 was read already, or {} cannot be written",
+                log.display()
+            );
         }
     }
     let (student, teacher) = (work.join("student"), work.join("teacher"));
@@ -502,9 +506,7 @@ impl OnBackend for Steps {
 }
 
 /// The phases of the steps after the first, each the mean over those steps (memory: the
-/// largest).
-/// The mean of `steps`' phases; kernel compilations are their total (any after the first step
-/// is worth seeing).
+/// largest; kernel compilations: their total, since any after the first step is worth seeing).
 fn mean_phases(steps: &[StepProfile]) -> StepProfile {
     let mut mean = StepProfile::default();
     steps
@@ -538,21 +540,13 @@ fn profile_table(variant: &Variant, timed: &Timed) -> String {
     let compiled_in = |profile: &StepProfile, name: &str| match counted {
         false => "—".to_string(),
         true => profile
-            .phases
-            .iter()
-            .find(|p| p.name == name)
+            .phase(name)
             .and_then(|p| p.compilations)
             .unwrap_or(0)
             .to_string(),
     };
-    let seconds_in = |profile: &StepProfile, name: &str| {
-        profile
-            .phases
-            .iter()
-            .find(|p| p.name == name)
-            .map(|p| p.seconds)
-            .unwrap_or(0.0)
-    };
+    let seconds_in =
+        |profile: &StepProfile, name: &str| profile.phase(name).map_or(0.0, |p| p.seconds);
     let names = first
         .phases
         .iter()
