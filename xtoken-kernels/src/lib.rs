@@ -137,7 +137,8 @@ pub trait XTokenBackend: Backend {
 }
 
 /// ndarray's f32 logits are already host memory: the kernels read them in place, without the
-/// row copies of the portable path.
+/// row copies of the portable path. What they read is the kernel's own work (a cube kernel reads
+/// on the device), so burn-ndarray's count of reads to the host (`reads`) pauses inside them.
 impl<E, I, Q> XTokenBackend for burn::backend::NdArray<E, I, Q>
 where
     burn::backend::NdArray<E, I, Q>: Backend<FloatTensorPrimitive = NdArrayTensor>,
@@ -148,6 +149,7 @@ where
         logits: FloatTensor<Self>,
         spec: &EntriesSpec,
     ) -> Result<TeacherEntries<Self>, KernelError> {
+        let _kernel = burn::backend::ndarray::reads::Paused::new();
         let Some(src) = ndarray_rows(&logits) else {
             return host::teacher_entries::<Self>(logits, spec);
         };
@@ -167,6 +169,7 @@ where
         spec: &DistillSpec,
         want: GradRequest,
     ) -> Result<LossOutput<Self>, KernelError> {
+        let _kernel = burn::backend::ndarray::reads::Paused::new();
         let Some(src) = ndarray_rows(&logits) else {
             return host::distill::<Self>(logits, teacher, projection, spec, want);
         };
@@ -180,6 +183,7 @@ where
         row_chunk: usize,
         want_grad: bool,
     ) -> Result<LossOutput<Self>, KernelError> {
+        let _kernel = burn::backend::ndarray::reads::Paused::new();
         let Some(src) = ndarray_rows(&logits) else {
             return host::cross_entropy::<Self>(logits, targets, row_chunk, want_grad);
         };

@@ -25,6 +25,7 @@ pub mod phi3;
 pub mod qwen3;
 mod recompute;
 pub mod rope;
+mod tokens;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
@@ -37,6 +38,7 @@ pub use generate::Greedy;
 pub use hub::LoadOptions;
 pub use model::Transformer;
 pub use recompute::Backward;
+pub use tokens::Tokens;
 
 /// A causal language model: token ids in, next-token logits out. The hidden states are exposed
 /// separately so a loss can fuse the output head instead of materialising the logits.

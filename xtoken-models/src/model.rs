@@ -22,6 +22,7 @@ use burn::tensor::{activation::silu, Bool, DType, Int, Tensor, TensorData};
 use crate::config::Architecture;
 use crate::error::{ModelError, Result};
 use crate::rope::{self, RopeTables};
+use crate::tokens::Tokens;
 
 /// How a tensor starts when it is not read from a checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -485,13 +486,21 @@ impl<B: Backend> Transformer<B> {
     /// The hidden states after the final norm, `[batch, len, hidden]`. `padding` marks padded
     /// positions with `true`; they are hidden from every query as keys. Positions count from 0
     /// in every row, so pad on the right.
+    ///
+    /// The ids and padding are read back to the host once to be checked; [`Self::hidden_states_of`]
+    /// takes [`Tokens`] made on the host and reads nothing.
     pub fn hidden_states(
         &self,
         ids: Tensor<B, 2, Int>,
         padding: Option<Tensor<B, 2, Bool>>,
     ) -> Result<Tensor<B, 3>> {
-        let pass = Pass::new(&self.architecture, &ids, padding)?;
-        let mut x = self.embed_tokens.forward(ids);
+        self.hidden_states_of(&Tokens::from_tensors(ids, padding)?)
+    }
+
+    /// [`Self::hidden_states`] of tokens checked where they were made.
+    pub fn hidden_states_of(&self, tokens: &Tokens<B>) -> Result<Tensor<B, 3>> {
+        let pass = Pass::new(&self.architecture, tokens)?;
+        let mut x = self.embed_tokens.forward(tokens.ids());
         let context = pass.context::<B>(&self.architecture, x.dtype(), &x.device());
         let compute = self.compute_dtype();
         for layer in &self.layers {
@@ -518,6 +527,12 @@ impl<B: Backend> Transformer<B> {
         }
     }
 
+    /// Logits `[batch, len, vocab]` of tokens checked where they were made (no read of the
+    /// device), in the compute dtype.
+    pub fn forward_of(&self, tokens: &Tokens<B>) -> Result<Tensor<B, 3>> {
+        Ok(self.logits_from_hidden(self.hidden_states_of(tokens)?))
+    }
+
     /// The output head: `[batch, len, hidden]` → logits `[batch, len, vocab]`, in the compute
     /// dtype.
     pub fn logits_from_hidden(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
@@ -534,7 +549,7 @@ impl<B: Backend> Transformer<B> {
     }
 }
 
-/// What one forward pass needs besides the weights, read once from its inputs: the shape and
+/// What one forward pass needs besides the weights, from its [`Tokens`]' host side: the shape and
 /// which positions are padding.
 pub(crate) struct Pass {
     pub batch: usize,
@@ -546,22 +561,6 @@ pub(crate) struct Pass {
 pub(crate) struct Context<B: Backend> {
     pub tables: RopeTables<B>,
     pub mask: Option<Tensor<B, 4, Bool>>,
-}
-
-/// Every sequence's padding (`true`) comes after all its tokens.
-fn check_right_padding(padded: &[bool], len: usize) -> Result<()> {
-    for (sequence, row) in padded.chunks(len).enumerate() {
-        if let Some(padding) = row.iter().position(|&p| p) {
-            if let Some(after) = row[padding..].iter().position(|&p| !p) {
-                return Err(ModelError::NotRightPadded {
-                    sequence,
-                    padding,
-                    token: padding + after,
-                });
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Every id is in the vocabulary (an out-of-range id would index past the embedding); one small
@@ -594,60 +593,16 @@ pub(crate) fn check_ids<B: Backend>(
 }
 
 impl Pass {
-    /// Checks that there are ids, no more positions than the model was trained for (before the
-    /// `[B, H, T, T]` attention is allocated), that they are in the vocabulary (an out-of-range id
-    /// would index past the embedding), and that the padding mask has the ids' shape and pads on
-    /// the right only (positions count from each sequence's start).
-    pub fn new<B: Backend>(
-        architecture: &Architecture,
-        ids: &Tensor<B, 2, Int>,
-        padding: Option<Tensor<B, 2, Bool>>,
-    ) -> Result<Self> {
-        let [batch, len] = ids.dims();
-        if batch == 0 || len == 0 {
-            return Err(ModelError::Shape {
-                what: "input ids",
-                expected: "at least one sequence of at least one token".into(),
-                found: format!("{:?}", [batch, len]),
-            });
-        }
-        if len > architecture.max_position_embeddings {
-            return Err(ModelError::TooLong {
-                len,
-                limit: architecture.max_position_embeddings,
-            });
-        }
-        check_ids(architecture, ids)?;
-        let padded = match padding {
-            None => None,
-            Some(padding) if padding.dims() != [batch, len] => {
-                return Err(ModelError::Shape {
-                    what: "padding mask",
-                    expected: format!("{:?} like the ids", [batch, len]),
-                    found: format!("{:?}", padding.dims()),
-                })
-            }
-            // Bool storage differs per backend (u8 on ndarray, u32 on wgpu): read integers.
-            Some(padding) => Some(
-                padding
-                    .int()
-                    .into_data()
-                    .convert::<i64>()
-                    .into_vec::<i64>()
-                    .map_err(|e| ModelError::Shape {
-                        what: "padding mask",
-                        expected: "boolean values".into(),
-                        found: format!("{e:?}"),
-                    })?
-                    .into_iter()
-                    .map(|v| v != 0)
-                    .collect(),
-            ),
-        };
-        if let Some(padded) = padded.as_deref() {
-            check_right_padding(padded, len)?;
-        }
-        Ok(Pass { batch, len, padded })
+    /// Checks the tokens against the model (no more positions than it was trained for, before
+    /// the `[B, H, T, T]` attention is allocated; every id in its vocabulary), on the host.
+    pub fn new<B: Backend>(architecture: &Architecture, tokens: &Tokens<B>) -> Result<Self> {
+        tokens.check(architecture)?;
+        let [batch, len] = tokens.dims();
+        Ok(Pass {
+            batch,
+            len,
+            padded: tokens.padding().map(<[bool]>::to_vec),
+        })
     }
 
     pub fn context<B: Backend>(

@@ -11,10 +11,11 @@
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Bool, Int, Tensor};
+use burn::tensor::Tensor;
 
 use crate::error::ModelError;
 use crate::model::{Pass, Transformer};
+use crate::tokens::Tokens;
 
 /// The result of [`Transformer::forward_backward`].
 pub struct Backward<B: AutodiffBackend> {
@@ -31,11 +32,11 @@ impl<B: AutodiffBackend> Transformer<B> {
     /// Forward, `loss(model, final hidden states)`, and backward. The closure chooses the
     /// output head (`logits_from_hidden`, or a fused loss reading the hidden states), so the
     /// head is never recomputed. `checkpointing` trades one extra forward pass of the decoder
-    /// layers for keeping one layer's activations instead of all of them.
+    /// layers for keeping one layer's activations instead of all of them. The [`Tokens`] are
+    /// checked on the host: the pass reads nothing back from the device.
     pub fn forward_backward<E, F>(
         &self,
-        ids: Tensor<B, 2, Int>,
-        padding: Option<Tensor<B, 2, Bool>>,
+        tokens: &Tokens<B>,
         checkpointing: bool,
         loss: F,
     ) -> Result<Backward<B>, E>
@@ -44,7 +45,7 @@ impl<B: AutodiffBackend> Transformer<B> {
         F: FnOnce(&Self, Tensor<B, 3>) -> Result<Tensor<B, 1>, E>,
     {
         if !checkpointing {
-            let hidden = self.hidden_states(ids, padding)?;
+            let hidden = self.hidden_states_of(tokens)?;
             let value = loss(self, hidden)?;
             let mut grads = value.backward();
             let mut model = GradientsParams::new();
@@ -56,9 +57,9 @@ impl<B: AutodiffBackend> Transformer<B> {
             });
         }
 
-        let pass = Pass::new(&self.architecture, &ids, padding)?;
+        let pass = Pass::new(&self.architecture, tokens)?;
         let inner = self.valid();
-        let embedded = inner.embed_tokens.forward(ids.clone().inner());
+        let embedded = inner.embed_tokens.forward(tokens.ids().inner());
         let (dtype, device) = (embedded.dtype(), embedded.device());
         let inner_context = pass.context::<B::InnerBackend>(&self.architecture, dtype, &device);
         let context = pass.context::<B>(&self.architecture, dtype, &device);
@@ -102,7 +103,7 @@ impl<B: AutodiffBackend> Transformer<B> {
 
         // The embedding, whose gradient adds to a tied head's.
         if let Some(gradient) = upstream {
-            let embedded = self.embed_tokens.forward(ids);
+            let embedded = self.embed_tokens.forward(tokens.ids());
             let mut embed_grads = (embedded * Tensor::from_inner(gradient)).sum().backward();
             move_grads(&self.embed_tokens, &mut embed_grads, &mut model);
         }

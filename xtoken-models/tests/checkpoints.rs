@@ -10,7 +10,7 @@ use burn::backend::NdArray;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use safetensors::SafeTensors;
 use support::{fixture, max_logit, worst_difference};
-use xtoken_models::{CausalLm, HfConfig, LoadOptions, ModelError, SaveDtype, Transformer};
+use xtoken_models::{CausalLm, HfConfig, LoadOptions, ModelError, SaveDtype, Tokens, Transformer};
 
 type B = NdArray;
 
@@ -303,6 +303,57 @@ fn bf16_parameters_are_refused_where_the_backend_lacks_them() {
     let e =
         Transformer::<B>::load_with(&fixture("llama3"), options, &Default::default()).unwrap_err();
     assert!(matches!(e, ModelError::UnsupportedDtype { .. }), "{e}");
+}
+
+/// Ids made on the host are checked there, with the errors the tensor path gives, and the
+/// forward pass on them reads nothing back from the device (burn-ndarray, vendored, counts the
+/// reads); on tensors the check reads them once.
+#[test]
+fn tokens_made_on_the_host_are_checked_without_reading_the_device() {
+    let device = Default::default();
+    let model = Transformer::<B>::load(&fixture("llama3"), &device).unwrap();
+    let ids = [5i64, 9, 2, 7, 1, 3];
+    let padding = [false, false, false, false, true, true];
+    let tokens = Tokens::<B>::from_host(&ids, Some(&padding), [2, 3], &device).unwrap();
+    let reads = burn::backend::ndarray::reads::count();
+    let logits = model.forward_of(&tokens).unwrap();
+    assert_eq!(burn::backend::ndarray::reads::count(), reads);
+    let on_device = Tensor::<B, 2, Int>::from_data(TensorData::new(ids.to_vec(), [2, 3]), &device);
+    let mask =
+        Tensor::<B, 2, Int>::from_data(TensorData::new(vec![0, 0, 0, 0, 1, 1], [2, 3]), &device)
+            .equal_elem(1);
+    let read = model.forward(on_device, Some(mask)).unwrap();
+    assert_eq!(burn::backend::ndarray::reads::count(), reads + 1);
+    assert_eq!(logits.into_data(), read.into_data());
+
+    let refused = |ids: &[i64], padding: Option<&[bool]>, dims: [usize; 2]| {
+        Tokens::<B>::from_host(ids, padding, dims, &device)
+            .and_then(|t| model.forward_of(&t))
+            .unwrap_err()
+    };
+    assert_names(
+        &refused(&ids[..5], None, [2, 3]),
+        &["input ids", "[2, 3]", "5 values"],
+    );
+    assert_names(
+        &refused(&ids, Some(&padding[..4]), [2, 3]),
+        &["padding mask", "[2, 3]", "4 values"],
+    );
+    let left = [true, false, false, false, false, false];
+    assert_names(
+        &refused(&ids, Some(&left), [2, 3]),
+        &["sequence 0", "position 1", "after padding at position 0"],
+    );
+    assert_names(
+        &refused(&[1, 2, 300, 4, -1, 6], None, [2, 3]),
+        &["token -1 at sequence 1, position 1", "vocabulary of 128"],
+    );
+    assert_names(
+        &refused(&[1, 2, 300, 4, 5, 6], None, [2, 3]),
+        &["token 300 at sequence 0, position 2", "vocabulary of 128"],
+    );
+    let long: Vec<i64> = vec![1; 100_000];
+    assert_names(&refused(&long, None, [1, 100_000]), &["100000"]);
 }
 
 #[test]

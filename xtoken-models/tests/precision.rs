@@ -10,7 +10,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Int, Tensor};
 use burn_flex::Flex;
 use support::{fixture, max_logit, worst_difference};
-use xtoken_models::{CausalLm, ModelError, Transformer};
+use xtoken_models::{CausalLm, ModelError, Tokens, Transformer};
 
 type Ad = Autodiff<Flex>;
 
@@ -66,10 +66,14 @@ fn gradients(case: &str, compute: DType, checkpointing: bool) -> (f32, Vec<(DTyp
         .with_compute_dtype(compute);
     let (ids, weights) = support::training_batch::<Ad>(&device);
     let backward = model
-        .forward_backward(ids, None, checkpointing, |model, hidden| {
-            let logits = model.logits_from_hidden(hidden).cast(DType::F32);
-            Ok::<_, ModelError>((log_softmax(logits, 2) * weights).sum().neg() / 24.0)
-        })
+        .forward_backward(
+            &Tokens::from_tensors(ids, None).unwrap(),
+            checkpointing,
+            |model, hidden| {
+                let logits = model.logits_from_hidden(hidden).cast(DType::F32);
+                Ok::<_, ModelError>((log_softmax(logits, 2) * weights).sum().neg() / 24.0)
+            },
+        )
         .unwrap();
     let loss = backward.loss.into_scalar();
     (loss, all_grads(&model, &backward.model))

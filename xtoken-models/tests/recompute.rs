@@ -8,7 +8,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor};
 use support::fixture;
-use xtoken_models::{ModelError, Transformer};
+use xtoken_models::{ModelError, Tokens, Transformer};
 
 type B = Autodiff<NdArray>;
 
@@ -42,10 +42,14 @@ fn step(case: &str, padded: bool, checkpointing: bool) -> (f32, Vec<Option<Vec<f
         .equal_elem(1)
     });
     let backward = model
-        .forward_backward(ids, padding, checkpointing, |model, hidden| {
-            let logits = model.logits_from_hidden(hidden);
-            Ok::<_, ModelError>((log_softmax(logits, 2) * weights).sum().neg() / 24.0)
-        })
+        .forward_backward(
+            &Tokens::from_tensors(ids, padding).unwrap(),
+            checkpointing,
+            |model, hidden| {
+                let logits = model.logits_from_hidden(hidden);
+                Ok::<_, ModelError>((log_softmax(logits, 2) * weights).sum().neg() / 24.0)
+            },
+        )
         .unwrap();
     let loss = backward.loss.into_scalar();
     (loss, all_grads(&model, &backward.model))

@@ -77,6 +77,7 @@ pub mod parallel;
 pub mod paths;
 pub mod preflight;
 pub mod profile;
+pub mod readout;
 pub mod resume;
 pub mod rng;
 pub mod run;

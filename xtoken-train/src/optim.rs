@@ -8,7 +8,7 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{DType, ElementConversion, Tensor};
+use burn::tensor::{DType, Tensor};
 use xtoken_core::loss::pkl::LearnableProjection;
 use xtoken_models::Transformer;
 
@@ -117,13 +117,12 @@ fn split_grads<B: AutodiffBackend>(
     split.into
 }
 
-/// Scales the student's gradients to global L2 norm ≤ `max` (0: no clipping); returns the
-/// norm before clipping.
-pub fn clip_global_norm<B: AutodiffBackend>(
+/// The squared global L2 norm of the student's gradients, on the device (f32, `[1]`); `None`
+/// when there are none. It stays there until the step reads it with its loss values.
+pub fn squared_norm<B: AutodiffBackend>(
     model: &Transformer<B>,
-    grads: &mut GradientsParams,
-    max: f64,
-) -> f64 {
+    grads: &GradientsParams,
+) -> Option<Tensor<B::InnerBackend, 1>> {
     struct SquaredNorm<'a, B: AutodiffBackend> {
         grads: &'a GradientsParams,
         sum: Option<Tensor<B::InnerBackend, 1>>,
@@ -139,6 +138,19 @@ pub fn clip_global_norm<B: AutodiffBackend>(
             }
         }
     }
+    let mut norm = SquaredNorm::<B> { grads, sum: None };
+    model.visit(&mut norm);
+    norm.sum
+}
+
+/// Scales the student's gradients to global L2 norm ≤ `max` (0: no clipping), given their
+/// `norm` before clipping.
+pub fn clip_to_norm<B: AutodiffBackend>(
+    model: &Transformer<B>,
+    grads: &mut GradientsParams,
+    norm: f64,
+    max: f64,
+) {
     struct Scale<'a, B: AutodiffBackend> {
         grads: &'a mut GradientsParams,
         factor: f64,
@@ -151,19 +163,12 @@ pub fn clip_global_norm<B: AutodiffBackend>(
             }
         }
     }
-    let mut norm = SquaredNorm::<B> { grads, sum: None };
-    model.visit(&mut norm);
-    let total = norm
-        .sum
-        .map(|s| s.into_scalar().elem::<f64>().sqrt())
-        .unwrap_or(0.0);
-    if max > 0.0 && total > max {
+    if max > 0.0 && norm > max {
         let mut scale = Scale::<B> {
             grads,
-            factor: max / (total + 1e-6),
+            factor: max / (norm + 1e-6),
             _b: std::marker::PhantomData,
         };
         model.visit(&mut scale);
     }
-    total
 }

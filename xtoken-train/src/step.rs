@@ -23,21 +23,22 @@
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor};
+use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 use xtoken_core::loss::multi::{self, Weighting};
 use xtoken_core::loss::pkl::LearnableProjection;
 use xtoken_core::loss::{ce, evaluate, scaling, Loss, LossParams, TeacherTargets, XTokenBackend};
-use xtoken_models::{CausalLm, Transformer};
+use xtoken_models::Transformer;
 
 use crate::backend::TrainBackend;
 use crate::config::RunConfig;
 use crate::data::{MicroBatch, StepBatch};
 use crate::error::{Context, Error, Result};
-use crate::optim::{clip_global_norm, Trainable};
+use crate::optim::{clip_to_norm, squared_norm, Trainable};
 use crate::parallel::{Exchange, Worker};
 use crate::profile;
-use crate::teachers::{ids_tensor, padding_tensor, Teacher};
+use crate::readout::Readout;
+use crate::teachers::{tokens, Teacher};
 
 /// Where dynamic scaling's ratio `γ` and adaptive α are measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,19 +266,66 @@ impl Sums {
     }
 }
 
-/// One micro-batch's loss values (means over the micro-batch).
+/// One micro-batch's loss values (means over the micro-batch): read (`f64`), or still on the
+/// device ([`Pending`]).
 #[derive(Debug, Clone)]
-struct MicroValues {
-    ce: f64,
-    teachers: Vec<TeacherValues>,
+struct MicroValues<V = f64> {
+    ce: V,
+    teachers: Vec<TeacherValues<V>>,
 }
 
 #[derive(Debug, Clone)]
-struct TeacherValues {
-    loss: f64,
+struct TeacherValues<V = f64> {
+    loss: V,
     alpha: f64,
     /// The chosen confidence measure's mean and its positions (adaptive α).
     confidence: Option<(f64, f64)>,
+}
+
+/// Values waiting in a [`Readout`]: each its index there (`None`: not measured, 0).
+type Pending = MicroValues<Option<usize>>;
+
+impl Pending {
+    /// No values: a micro-batch's counts alone.
+    fn unmeasured(teachers: usize) -> Self {
+        MicroValues {
+            ce: None,
+            teachers: vec![
+                TeacherValues {
+                    loss: None,
+                    alpha: 0.0,
+                    confidence: None,
+                };
+                teachers
+            ],
+        }
+    }
+
+    /// The values, once `read`.
+    fn resolve(&self, read: &[f64]) -> MicroValues {
+        let value = |slot: Option<usize>| slot.map_or(0.0, |i| read[i]);
+        MicroValues {
+            ce: value(self.ce),
+            teachers: self
+                .teachers
+                .iter()
+                .map(|t| TeacherValues {
+                    loss: value(t.loss),
+                    alpha: t.alpha,
+                    confidence: t.confidence,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The sums of micro-batches whose values are pending: their counts with the values read.
+fn sums_of(pending: &[(Sums, Pending)], read: &[f64], teachers: usize) -> Sums {
+    let mut sums = Sums::zero(teachers);
+    for (counts, values) in pending {
+        sums.add(&counts.clone().with_values(&values.resolve(read)));
+    }
+    sums
 }
 
 /// What pass 2 weights a micro-batch's terms by and balances them with.
@@ -344,7 +392,7 @@ impl Balance<'_> {
 struct MicroOutcome {
     student: GradientsParams,
     projections: Vec<Option<GradientsParams>>,
-    values: MicroValues,
+    values: Pending,
 }
 
 /// Every teacher's targets for a micro-batch.
@@ -394,33 +442,29 @@ fn confidence<B: TrainBackend>(
 }
 
 /// Pass 1 of a micro-batch: its loss values from a forward pass of the student without a
-/// graph (only when dynamic scaling needs them) and the teachers' confidence.
+/// graph (only when dynamic scaling needs them; left in `readout`) and the teachers'
+/// confidence.
 fn measure<B: TrainBackend>(
     student: &Transformer<B>,
     teachers: &[Teacher<B>],
     targets: &[TeacherTargets<B>],
     micro: &MicroBatch,
     setup: &LossSetup,
-    device: &B::Device,
-) -> Result<MicroValues> {
+    (readout, device): (&mut Readout<B::InnerBackend>, &B::Device),
+) -> Result<Pending> {
     let confidence = confidence(targets, setup.weighting);
     let (ce, losses) = if setup.dynamic_scaling {
         let inner = student.valid();
-        let ids = ids_tensor::<B::InnerBackend>(
+        let tokens = tokens::<B::InnerBackend>(
             &micro.student_ids,
-            micro.rows,
-            micro.student_len,
-            device,
-        );
-        let padding = padding_tensor::<B::InnerBackend>(
             &micro.student_padding,
-            micro.rows,
-            micro.student_len,
+            [micro.rows, micro.student_len],
             device,
-        );
+        )
+        .context("student: pass 1")?;
         let logits = Tensor::<B, 3>::from_inner(
             inner
-                .forward(ids, padding)
+                .forward_of(&tokens)
                 .context("student: forward of pass 1")?,
         );
         let next_token = &micro.teachers[0].plan.student.next_token;
@@ -437,17 +481,13 @@ fn measure<B: TrainBackend>(
             .zip(targets)
             .map(|((t, w), targets)| {
                 let loss = Loss::new(t.kind, t.tables.as_ref(), w.as_ref())?;
-                Ok(scalar(evaluate(
-                    logits.clone(),
-                    targets,
-                    loss,
-                    &setup.params,
-                )?))
+                let value = evaluate(logits.clone(), targets, loss, &setup.params)?;
+                Ok(Some(readout.push(value.inner())))
             })
-            .collect::<Result<Vec<f64>>>()?;
-        (scalar(ce), losses)
+            .collect::<Result<Vec<_>>>()?;
+        (Some(readout.push(ce.inner())), losses)
     } else {
-        (0.0, vec![0.0; teachers.len()])
+        (None, vec![None; teachers.len()])
     };
     Ok(MicroValues {
         ce,
@@ -477,33 +517,27 @@ pub fn held_out<B: TrainBackend>(
         dynamic_scaling: true,
         ..setup.clone()
     };
-    let mut total = Sums::zero(teachers.len());
+    let mut readout = Readout::default();
+    let mut pending = Vec::with_capacity(batches.len());
     for micro in batches {
         let targets = targets(teachers, micro, &setup, device)?;
-        let values = measure(student, teachers, &targets, micro, &setup, device)?;
-        let counts = Sums::counts(micro);
-        total.ce.0 += values.ce * counts.ce.1;
-        total.ce.1 += counts.ce.1;
-        for ((sum, count), v) in total
-            .teachers
-            .iter_mut()
-            .zip(&counts.teachers)
-            .zip(&values.teachers)
-        {
-            sum[LOSS] += v.loss * count[CHUNKS];
-            sum[CHUNKS] += count[CHUNKS];
-        }
+        let values = measure(
+            student,
+            teachers,
+            &targets,
+            micro,
+            &setup,
+            (&mut readout, device),
+        )?;
+        pending.push((Sums::counts(micro), values));
     }
+    let total = sums_of(&pending, &readout.read()?, teachers.len());
     let teachers = total
         .teachers
         .iter()
         .map(|t| Sums::mean(t[LOSS], t[CHUNKS]))
         .collect();
     Ok((Sums::mean(total.ce.0, total.ce.1), teachers))
-}
-
-fn scalar<B: burn::tensor::backend::Backend>(t: Tensor<B, 1>) -> f64 {
-    t.into_scalar().elem::<f64>()
 }
 
 /// Forward and backward of one micro-batch (pass 2), its terms weighted by `balance`.
@@ -514,51 +548,50 @@ fn micro_step<B: TrainBackend>(
     targets: &[TeacherTargets<B>],
     setup: &LossSetup,
     balance: &Balance<'_>,
-    device: &B::Device,
+    (readout, device): (&mut Readout<B::InnerBackend>, &B::Device),
 ) -> Result<MicroOutcome> {
     let terms = terms(teachers, targets)?;
     let alphas = match balance.fixed {
         Some(fixed) => fixed.alphas.clone(),
         None => multi::alphas(&terms, setup.weighting)?,
     };
-    let ids = ids_tensor::<B>(&micro.student_ids, micro.rows, micro.student_len, device);
-    let padding = padding_tensor::<B>(
+    let tokens = tokens::<B>(
+        &micro.student_ids,
         &micro.student_padding,
-        micro.rows,
-        micro.student_len,
+        [micro.rows, micro.student_len],
         device,
-    );
+    )
+    .context("student")?;
     let next_token = &micro.teachers[0].plan.student.next_token;
     let names: Vec<&str> = teachers.iter().map(|t| &t.settings.name[..]).collect();
     let mut recorded = None;
-    let backward =
-        student.forward_backward(ids, padding, setup.checkpointing, |model, hidden| {
-            profile::boundary::<B>(device, || "student: forward".into());
-            let logits = model.logits_from_hidden(hidden);
-            profile::boundary::<B>(device, || "student: head (logits)".into());
-            let objective = Objective {
-                next_token,
-                terms: &terms,
-                names: &names,
-                alphas: &alphas,
-                setup,
-                balance,
-            };
-            let (total, parts) = objective.evaluate(logits, device)?;
-            recorded = Some(parts);
-            Ok::<_, Error>(total)
-        })?;
+    let backward = student.forward_backward(&tokens, setup.checkpointing, |model, hidden| {
+        profile::boundary::<B>(device, || "student: forward".into());
+        let logits = model.logits_from_hidden(hidden);
+        profile::boundary::<B>(device, || "student: head (logits)".into());
+        let objective = Objective {
+            next_token,
+            terms: &terms,
+            names: &names,
+            alphas: &alphas,
+            setup,
+            balance,
+        };
+        let (total, parts) = objective.evaluate(logits, device)?;
+        recorded = Some(parts);
+        Ok::<_, Error>(total)
+    })?;
     profile::boundary::<B>(device, || "student: backward (recomputation)".into());
     let (ce, losses) = recorded.ok_or_else(|| Error::Run("the loss was not evaluated".into()))?;
     let confidence = confidence(targets, setup.weighting);
     let values = MicroValues {
-        ce: scalar(ce),
+        ce: Some(readout.push(ce)),
         teachers: losses
             .into_iter()
             .zip(alphas)
             .zip(confidence)
             .map(|((l, alpha), confidence)| TeacherValues {
-                loss: scalar(l),
+                loss: Some(readout.push(l)),
                 alpha,
                 confidence,
             })
@@ -684,7 +717,13 @@ pub fn step<B: TrainBackend>(
     worker: &Worker,
     device: &B::Device,
 ) -> Result<StepOutcome> {
-    let summed = accumulate(
+    let Summed {
+        student,
+        projections,
+        mut readout,
+        pending,
+        alphas,
+    } = accumulate(
         &trainable.student,
         teachers,
         batch,
@@ -693,22 +732,38 @@ pub fn step<B: TrainBackend>(
         worker,
         device,
     )?;
+    // Several workers sum their values with the gradients: they are read before the exchange.
+    let local = match worker.count {
+        1 => None,
+        _ => Some(sums_of(
+            &pending,
+            &std::mem::take(&mut readout).read()?,
+            teachers.len(),
+        )),
+    };
     let reduced = worker.sum(
         Exchange {
             student: &trainable.student,
-            student_grads: summed.student,
+            student_grads: student,
             projections: teachers
                 .iter()
-                .zip(summed.projections)
+                .zip(projections)
                 .map(|(t, grads)| t.projection.as_ref().zip(grads))
                 .collect(),
-            values: summed.sums.pack(),
+            values: local.as_ref().map_or_else(Vec::new, Sums::pack),
         },
         device,
     )?;
     profile::boundary::<B>(device, || "gradient exchange".into());
-    let sums = Sums::unpack(&reduced.values, teachers.len());
-    let values = sums.values(summed.alphas.as_deref(), setup.dynamic_scaling);
+    let mut grads = reduced.student_grads;
+    let norm = squared_norm(&trainable.student, &grads).map(|n| readout.push(n));
+    // The step's one read: its values (alone) and the gradient norm.
+    let read = readout.read()?;
+    let sums = match local {
+        Some(_) => Sums::unpack(&reduced.values, teachers.len()),
+        None => sums_of(&pending, &read, teachers.len()),
+    };
+    let values = sums.values(alphas.as_deref(), setup.dynamic_scaling);
     let scaling = setup
         .measures()
         .then(|| sums.scaling(&static_alphas(teachers), setup));
@@ -718,8 +773,8 @@ pub fn step<B: TrainBackend>(
             values.loss, values.ce, values.kd
         )));
     }
-    let mut grads = reduced.student_grads;
-    let grad_norm = clip_global_norm(&trainable.student, &mut grads, rates.grad_clip);
+    let grad_norm = norm.map_or(0.0, |i| read[i].max(0.0).sqrt());
+    clip_to_norm(&trainable.student, &mut grads, grad_norm, rates.grad_clip);
     trainable.step_student(rates.lr, grads);
     profile::boundary::<B>(device, || "student: clipping + AdamW".into());
     for ((teacher, optim), grads) in teachers
@@ -744,11 +799,13 @@ pub fn step<B: TrainBackend>(
     })
 }
 
-/// A worker's share of a step: gradients, and the sums the workers add up.
-struct Summed {
+/// A worker's share of a step: gradients, and what the workers add up: each micro-batch's
+/// counts with its values, still on the device.
+struct Summed<B: TrainBackend> {
     student: GradientsParams,
     projections: Vec<Option<GradientsParams>>,
-    sums: Sums,
+    readout: Readout<B::InnerBackend>,
+    pending: Vec<(Sums, Pending)>,
     /// The step's α when fixed before the backward passes (else each micro-batch's own).
     alphas: Option<Vec<f64>>,
 }
@@ -763,7 +820,7 @@ fn accumulate<B: TrainBackend>(
     previous: Option<&Scaling>,
     worker: &Worker,
     device: &B::Device,
-) -> Result<Summed> {
+) -> Result<Summed<B>> {
     let counts: Vec<Sums> = batch.micro.iter().map(Sums::counts).collect();
     let carried =
         previous.filter(|_| setup.scope == ScalingScope::PreviousStep && setup.measures());
@@ -771,18 +828,28 @@ fn accumulate<B: TrainBackend>(
         && setup.measures()
         && (batch.micro.len() > 1 || worker.count > 1);
     let mut kept: Vec<Option<Vec<TeacherTargets<B>>>> = batch.micro.iter().map(|_| None).collect();
-    let mut step = Sums::zero(teachers.len());
+    let mut measured = Readout::default();
+    let mut pass_one_values = Vec::new();
     for ((micro, c), slot) in batch.micro.iter().zip(&counts).zip(&mut kept) {
         if pass_one {
             let targets = targets(teachers, micro, setup, device)?;
-            let values = measure(student, teachers, &targets, micro, setup, device)?;
+            let values = measure(
+                student,
+                teachers,
+                &targets,
+                micro,
+                setup,
+                (&mut measured, device),
+            )?;
             profile::boundary::<B>(device, || "student: pass 1 (forward, losses)".into());
-            step.add(&c.clone().with_values(&values));
+            pass_one_values.push((c.clone(), values));
             *slot = Some(targets);
         } else {
-            step.add(c);
+            pass_one_values.push((c.clone(), Pending::unmeasured(teachers.len())));
         }
     }
+    // Pass 1's values in one read (none without pass 1).
+    let mut step = sums_of(&pass_one_values, &measured.read()?, teachers.len());
     if worker.count > 1 {
         step = Sums::unpack(
             &worker.sum_values::<B>(step.pack(), device)?,
@@ -797,14 +864,23 @@ fn accumulate<B: TrainBackend>(
 
     let mut student_acc = GradientsAccumulator::<Transformer<B>>::new();
     let mut w_acc: Vec<Option<GradientsParams>> = teachers.iter().map(|_| None).collect();
-    let mut sums = Sums::zero(teachers.len());
+    let mut readout = Readout::default();
+    let mut pending = Vec::with_capacity(batch.micro.len());
     for ((micro, c), slot) in batch.micro.iter().zip(&counts).zip(kept) {
         let targets = match slot {
             Some(targets) => targets,
             None => targets(teachers, micro, setup, device)?,
         };
         let balance = Balance::new(c, &step, fixed.as_ref());
-        let outcome = micro_step(student, teachers, micro, &targets, setup, &balance, device)?;
+        let outcome = micro_step(
+            student,
+            teachers,
+            micro,
+            &targets,
+            setup,
+            &balance,
+            (&mut readout, device),
+        )?;
         student_acc.accumulate(student, outcome.student);
         for ((acc, g), t) in w_acc.iter_mut().zip(outcome.projections).zip(teachers) {
             if let (Some(g), Some(w)) = (g, &t.projection) {
@@ -812,12 +888,13 @@ fn accumulate<B: TrainBackend>(
             }
         }
         profile::boundary::<B>(device, || "gradient accumulation".into());
-        sums.add(&c.clone().with_values(&outcome.values));
+        pending.push((c.clone(), outcome.values));
     }
     Ok(Summed {
         student: student_acc.grads(),
         projections: w_acc,
-        sums,
+        readout,
+        pending,
         alphas: fixed.map(|f| f.alphas),
     })
 }

@@ -5,7 +5,7 @@
 
 use burn::module::Module;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
 use xtoken_core::audit::{self, AuditOptions};
 use xtoken_core::common::{CommonSet, CommonTables};
 use xtoken_core::loss::multi::Weighting;
@@ -13,7 +13,7 @@ use xtoken_core::loss::pkl::LearnableProjection;
 use xtoken_core::loss::{hkl, Loss, LossKind, LossParams, TeacherTargets};
 use xtoken_core::projection::SparseProjection;
 use xtoken_core::vocab::Vocabulary;
-use xtoken_models::{CausalLm, LoadOptions, Transformer};
+use xtoken_models::{LoadOptions, Tokens, Transformer};
 
 use crate::backend::TrainBackend;
 use crate::config::{DtypeChoice, RunConfig, TeacherSettings};
@@ -131,11 +131,10 @@ impl<B: TrainBackend> Teacher<B> {
                 self.settings.model.display()
             )));
         }
-        let ids = ids_tensor::<B::InnerBackend>(&batch.ids, rows, batch.len, device);
-        let padding = padding_tensor::<B::InnerBackend>(&batch.padding, rows, batch.len, device);
-        let logits = self
-            .model
-            .forward(ids, padding)
+        let tokens =
+            tokens::<B::InnerBackend>(&batch.ids, &batch.padding, [rows, batch.len], device);
+        let logits = tokens
+            .and_then(|t| Ok(self.model.forward_of(&t)?))
             .with_context(|| format!("teacher {}: forward", self.settings.name))?;
         profile::boundary::<B>(device, || {
             format!("teacher {}: forward", self.settings.name)
@@ -218,24 +217,17 @@ pub fn check_kl(
     Ok(())
 }
 
-/// Ids `[rows, len]` as a tensor.
-pub fn ids_tensor<B: Backend>(
+/// Ids `[rows, len]` and their padding (`true`: padded), checked on the host and uploaded.
+pub fn tokens<B: Backend>(
     ids: &[i64],
-    rows: usize,
-    len: usize,
-    device: &B::Device,
-) -> Tensor<B, 2, Int> {
-    Tensor::from_data(TensorData::new(ids.to_vec(), [rows, len]), device)
-}
-
-/// A padding mask `[rows, len]` (`true`: padded) as a tensor.
-pub fn padding_tensor<B: Backend>(
     padding: &Option<Vec<bool>>,
-    rows: usize,
-    len: usize,
+    [rows, len]: [usize; 2],
     device: &B::Device,
-) -> Option<Tensor<B, 2, Bool>> {
-    padding
-        .as_ref()
-        .map(|p| Tensor::from_data(TensorData::new(p.clone(), [rows, len]), device))
+) -> Result<Tokens<B>> {
+    Ok(Tokens::from_host(
+        ids,
+        padding.as_deref(),
+        [rows, len],
+        device,
+    )?)
 }

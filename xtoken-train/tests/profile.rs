@@ -1,12 +1,15 @@
 //! `xtoken bench train --profile`: every phase of a step is named, runs as often as it should,
-//! reports its memory, and the phases add up to the step measured around it.
+//! reports its memory, and the phases add up to the step measured around it; and a step waits
+//! for the device once.
 
 mod fixture;
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
-use fixture::{bench_train_args, fixture, ok, xtoken};
+use burn::backend::{Autodiff, NdArray};
+use fixture::{bench_train_args, config, fixture, ok, xtoken};
 use serde_json::Value;
+use xtoken_train::{parallel::Worker, Run, RunConfig, RunOptions};
 
 /// The phases one step of one teacher with a learnable W runs, with the times each runs over
 /// two micro-batches under the step scope (pass 1 first).
@@ -169,4 +172,36 @@ fn the_gpu_step_script_runs_dry_on_the_cpu() {
         markdown
     );
     std::fs::remove_dir_all(&work).ok();
+}
+
+/// Every read of tensor data to the host makes a GPU wait for its queue. burn-ndarray (vendored)
+/// counts the reads a thread makes outside the X-Token kernels (whose reads are their own work:
+/// a cube kernel does it on the device). A step of the fixture's run (two micro-batches, a
+/// P-KL teacher with a learnable W and a KL teacher, dynamic scaling) reads once: the loss
+/// values and the gradient norm together, before the weights are touched. Under the paper's
+/// step scope, pass 1's values are read once more, before the backward passes that need them.
+#[test]
+fn a_step_reads_from_the_device_once() {
+    let f = fixture("reads");
+    for (scope, per_step) in [("previous-step", 1), ("step", 2)] {
+        let path = config(&f, scope, "");
+        let text = std::fs::read_to_string(&path).expect("config").replace(
+            "top_k = 16",
+            &format!("top_k = 16\nscaling_scope = \"{scope}\""),
+        );
+        std::fs::write(&path, text).expect("config");
+        let config = RunConfig::load(&path).expect("config");
+        let options = RunOptions::default();
+        let device = Default::default();
+        let mut run = Run::<Autodiff<NdArray>>::open(config, &options, device, Worker::alone())
+            .expect("open");
+        let reads: Vec<u64> = (0..3)
+            .map(|_| {
+                let before = burn_ndarray::reads::count();
+                run.step().expect("step");
+                burn_ndarray::reads::count() - before
+            })
+            .collect();
+        assert_eq!(reads, [per_step; 3], "{scope}: reads per step");
+    }
 }

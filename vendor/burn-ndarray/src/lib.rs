@@ -16,6 +16,8 @@ mod element;
 mod ops;
 mod parallel;
 mod rand;
+/// xtoken patch: the count of reads to the host.
+pub mod reads;
 mod sharing;
 mod storage;
 mod tensor;

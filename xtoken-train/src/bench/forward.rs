@@ -15,7 +15,7 @@ use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_models::rope::RopeScaling;
-use xtoken_models::{Architecture, CausalLm, ModelError, Transformer};
+use xtoken_models::{Architecture, CausalLm, ModelError, Tokens, Transformer};
 
 use super::alloc;
 use crate::cli::models::DtypeArg;
@@ -146,10 +146,10 @@ fn run_on<B: DeviceMemory>(args: &ForwardBenchArgs, device: &B::Device, place: &
     ] {
         rows.push(measure::<B>(device, pass, args.steps, || {
             let ids = Tensor::<Autodiff<B>, 2, Int>::from_data(ids.clone(), device);
-            let backward =
-                model.forward_backward(ids.clone(), None, checkpointing, |model, hidden| {
-                    next_token_loss(model, hidden, ids.clone())
-                })?;
+            let tokens = Tokens::from_tensors(ids.clone(), None)?;
+            let backward = model.forward_backward(&tokens, checkpointing, |model, hidden| {
+                next_token_loss(model, hidden, ids.clone())
+            })?;
             let _ = backward.loss.into_data();
             Ok(())
         })?);
