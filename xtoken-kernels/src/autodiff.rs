@@ -142,6 +142,7 @@ impl<B: XTokenBackend, C: CheckpointStrategy> XTokenBackend for Autodiff<B, C> {
         let inner = ProjectionTensors {
             indices: projection.indices,
             weights: weights.primitive.clone(),
+            layout: projection.layout,
         };
         match LogitsWeightsBackward
             .prepare::<C>([logits.node.clone(), weights.node.clone()])

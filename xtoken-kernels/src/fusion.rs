@@ -90,6 +90,7 @@ impl<B: FusionBackend + XTokenBackend> XTokenBackend for Fusion<B> {
         let projection = projection.map(|w| ProjectionTensors {
             indices: inner_int::<B>(w.indices),
             weights: inner_float::<B>(w.weights),
+            layout: w.layout,
         });
         let teacher = inner_entries::<B>(teacher);
         let out = B::xt_distill(inner_float::<B>(logits), teacher, projection, spec, want)?;

@@ -23,16 +23,23 @@
 //! stored gradient. burn's `CubeBackend` (wgpu, CUDA; feature `wgpu`/`cuda`), and
 //! `Fusion` of it (feature `fusion`), run the operations in cubecl kernels on the device
 //! (module `cube`, built with the `cuda` or `wgpu` feature).
+//!
+//! **Reads to the host.** On a GPU every read waits for the device's queue. W's ids are laid
+//! out once ([`layout::ProjectionLayout`]), the top-K's ids are known to be in range, and under
+//! [`deferred::defer`] the checks that name a non-finite row wait until a loss is found
+//! non-finite: a training step's kernels read nothing back.
 
 mod checks;
 pub mod compilations;
 #[cfg(feature = "cube")]
 pub mod cube;
+pub mod deferred;
 pub mod device;
 pub mod error;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod host;
+pub mod layout;
 pub mod loss_kind;
 pub mod memory;
 pub mod spec;
@@ -59,6 +66,9 @@ pub struct TeacherEntries<B: Backend> {
     pub vocab: usize,
     /// Confidence statistics, when the spec asked for them.
     pub confidence: Option<ConfidenceStats>,
+    /// The ids are known to lie in `0..vocab` (the extraction made them): an evaluation whose
+    /// ids may reach `vocab` skips its range check, which on a GPU reads them back.
+    pub ids_in_vocab: bool,
 }
 
 impl<B: Backend> TeacherEntries<B> {
@@ -75,6 +85,7 @@ impl<B: Backend> TeacherEntries<B> {
             k: self.k,
             vocab: self.vocab,
             confidence: self.confidence,
+            ids_in_vocab: self.ids_in_vocab,
         }
     }
 }
@@ -87,6 +98,9 @@ pub struct ProjectionTensors<B: Backend> {
     pub indices: IntTensor<B>,
     /// Weights `[V_S, K_w]`.
     pub weights: FloatTensor<B>,
+    /// The indices' layout when it was made once (see [`layout`]); without it, an evaluation
+    /// reads the indices back and lays them out itself.
+    pub layout: Option<std::sync::Arc<layout::ProjectionLayout>>,
 }
 
 /// A fused evaluation's result.

@@ -247,6 +247,7 @@ fn evaluate<B: XTokenBackend>(
         )
         .into_primitive()
         .tensor(),
+        layout: None,
     });
     let out = evaluation.run(Inputs::<B> {
         logits: logits.into_primitive().tensor(),
@@ -543,6 +544,7 @@ fn out_of_range_teacher_ids_are_refused_on_the_device() {
         k,
         vocab: vs,
         confidence: None,
+        ids_in_vocab: false,
     };
     let logits = Tensor::<Wgpu, 3>::zeros([1, 2, vs], &device);
     let spec = DistillSpec {

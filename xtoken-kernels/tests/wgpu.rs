@@ -1,6 +1,7 @@
 //! The losses' backend operations on burn's wgpu backend (Mesa lavapipe on CPU in CI) give what
 //! they give on ndarray: teacher entries, loss values and gradients for every loss and
-//! cross-entropy, and the gradient through `Autodiff<Wgpu>`. Run with `--features wgpu`.
+//! cross-entropy, and the gradient through `Autodiff<Wgpu>`; with their checks deferred, they
+//! read nothing back. Run with `--features wgpu`.
 #![cfg(feature = "wgpu")]
 
 mod support;
@@ -9,7 +10,10 @@ use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_wgpu::Wgpu;
 use support::{evaluations, floats, ints, logits, merge, small_inputs, teacher_spec};
-use xtoken_kernels::{DistillSpec, EntriesSpec, GradRequest, LossKind, XTokenBackend};
+use xtoken_kernels::cube::reads;
+use xtoken_kernels::deferred::defer;
+use xtoken_kernels::layout::ProjectionLayout;
+use xtoken_kernels::{DistillSpec, EntriesSpec, GradRequest, KernelError, LossKind, XTokenBackend};
 
 /// Everything the two operations return on one backend, as host values.
 fn outcomes<B: XTokenBackend>() -> Vec<Vec<f64>> {
@@ -119,6 +123,7 @@ fn autodiff_on_wgpu_returns_the_fused_gradient() {
             k: entries.k,
             vocab: entries.vocab,
             confidence: entries.confidence,
+            ids_in_vocab: entries.ids_in_vocab,
         },
         None,
         &loss_spec,
@@ -155,4 +160,89 @@ fn wgpu_reports_its_pools() {
     assert!(after >= before + (64 << 20), "{before} → {after} bytes");
     drop(big);
     assert_eq!(W::free_bytes(&device), None);
+}
+
+/// Every evaluation of the small case on wgpu (the teacher's top-K, then each loss and
+/// cross-entropy), W laid out once or not: the loss values, or the errors.
+fn evaluate_all(
+    student: &Tensor<Wgpu, 3>,
+    teacher: &Tensor<Wgpu, 3>,
+    laid_out: bool,
+) -> Vec<Result<f32, KernelError>> {
+    let device = Default::default();
+    let (vs, vt) = (support::STUDENT_VOCAB, support::TEACHER_VOCAB);
+    let spec = EntriesSpec {
+        next_token: None,
+        ..teacher_spec()
+    };
+    let entries = <Wgpu>::xt_teacher_entries(teacher.clone().into_primitive().tensor(), &spec)
+        .expect("the teacher's entries");
+    evaluations()
+        .iter()
+        .map(|evaluation| {
+            let mut inputs = small_inputs::<Wgpu>(evaluation, student, &entries, &device);
+            if let Some(w) = inputs.projection.as_mut().filter(|_| laid_out) {
+                let ids = support::projection_indices();
+                w.layout = Some(ProjectionLayout::new(ids, [vs, 2], vt).unwrap());
+            }
+            evaluation
+                .run(inputs)
+                .map(|out| floats::<Wgpu, 1>(out.value)[0])
+        })
+        .collect()
+}
+
+/// `t` with its first row (sequence 0, position 0) NaN.
+fn nan_row(t: &Tensor<Wgpu, 3>) -> Tensor<Wgpu, 3> {
+    let shape = t.dims();
+    let mut values = floats::<Wgpu, 3>(t.clone().into_primitive().tensor());
+    values[..shape[2]].fill(f32::NAN);
+    Tensor::from_data(burn::tensor::TensorData::new(values, shape), &t.device())
+}
+
+/// As a training step runs them, under `deferred::defer()` and with W laid out once, the cube
+/// kernels read nothing back from the device (`cube::reads` counts their reads) and give the
+/// values of the eager path. A NaN row of the student (or of the teacher) then makes every loss
+/// that reads it NaN on the device (a GPU's `max` drops NaN, so the kernels poison the value),
+/// and `explain` names the row; eagerly, every evaluation refuses the student's row at once.
+#[test]
+fn deferred_checks_leave_the_kernels_without_reads() {
+    let device = Default::default();
+    let student = logits::<Wgpu>(2, [2, 6, support::STUDENT_VOCAB], &device);
+    let teacher = logits::<Wgpu>(1, [2, 6, support::TEACHER_VOCAB], &device);
+    let before = reads();
+    let eager = evaluate_all(&student, &teacher, false);
+    assert!(reads() > before, "the eager path reads its checks");
+
+    let deferred = defer();
+    let before = reads();
+    let kept = evaluate_all(&student, &teacher, true);
+    assert_eq!(reads(), before, "no read while deferred");
+    for (a, b) in eager.iter().zip(&kept) {
+        let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+        assert!(
+            a.is_finite() && (a - b).abs() <= 1e-6 * (1.0 + a.abs()),
+            "{a} vs {b}"
+        );
+    }
+    deferred.explain().unwrap();
+
+    for value in evaluate_all(&nan_row(&student), &teacher, true) {
+        assert!(!value.unwrap().is_finite());
+    }
+    let e = deferred.explain().unwrap_err();
+    assert!(e.to_string().contains("student logits: row 0"), "{e}");
+    let values = evaluate_all(&student, &nan_row(&teacher), true);
+    for (evaluation, value) in evaluations().iter().zip(values) {
+        // KL reads a teacher of its own (see `entries_for`); cross-entropy none.
+        let reads_teacher = !evaluation.is(LossKind::Kl) && evaluation.is_distill();
+        assert_eq!(!value.unwrap().is_finite(), reads_teacher, "{evaluation:?}");
+    }
+    let e = deferred.explain().unwrap_err();
+    assert!(e.to_string().contains("teacher logits: row 0"), "{e}");
+    drop(deferred);
+    for result in evaluate_all(&nan_row(&student), &teacher, true) {
+        let e = result.unwrap_err();
+        assert!(e.to_string().contains("row 0"), "{e}");
+    }
 }

@@ -717,6 +717,8 @@ pub fn step<B: TrainBackend>(
     worker: &Worker,
     device: &B::Device,
 ) -> Result<StepOutcome> {
+    // The kernels' checks on the device wait for the step's read (see `xtoken_kernels::deferred`).
+    let deferred = xtoken_kernels::deferred::defer();
     let Summed {
         student,
         projections,
@@ -767,13 +769,20 @@ pub fn step<B: TrainBackend>(
     let scaling = setup
         .measures()
         .then(|| sums.scaling(&static_alphas(teachers), setup));
-    if !(values.loss.is_finite()) {
+    let grad_norm = norm.map_or(0.0, |i| read[i].sqrt());
+    if !(values.loss.is_finite() && grad_norm.is_finite()) {
+        // A logit row that is not finite makes the loss so: name it if a kernel saw one.
+        deferred
+            .explain()
+            .map_err(xtoken_core::Error::from)
+            .context("the step's losses")?;
         return Err(Error::Run(format!(
-            "the loss is {} (CE {}, KD {}); stopping before the weights are touched",
+            "the loss is {} (CE {}, KD {}), the gradient norm {grad_norm}; stopping before the \
+             weights are touched",
             values.loss, values.ce, values.kd
         )));
     }
-    let grad_norm = norm.map_or(0.0, |i| read[i].max(0.0).sqrt());
+    deferred.clear();
     clip_to_norm(&trainable.student, &mut grads, grad_norm, rates.grad_clip);
     trainable.step_student(rates.lr, grads);
     profile::boundary::<B>(device, || "student: clipping + AdamW".into());

@@ -15,6 +15,9 @@ use burn::module::{Module, Param};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
+use std::sync::Arc;
+
+use xtoken_kernels::layout::ProjectionLayout;
 use xtoken_kernels::ProjectionTensors;
 
 use super::{evaluate, Loss, LossParams, TeacherTargets, XTokenBackend};
@@ -36,6 +39,9 @@ pub struct LearnableProjection<B: Backend> {
     /// 1 on occupied slots, 0 on empty ones.
     occupied: Tensor<B, 2>,
     teacher_vocab: usize,
+    /// The ids checked and sorted once, so that no evaluation reads them back.
+    #[module(skip)]
+    layout: Arc<ProjectionLayout>,
 }
 
 impl<B: Backend> LearnableProjection<B> {
@@ -77,6 +83,7 @@ impl<B: Backend> LearnableProjection<B> {
         let occupied: Vec<f32> = indices.iter().map(|&i| (i >= 0) as u8 as f32).collect();
         let empty: Vec<bool> = indices.iter().map(|&i| i < 0).collect();
         let shape = [student_vocab, k];
+        let layout = ProjectionLayout::new(indices.clone(), shape, w.teacher_vocab_size())?;
         Ok(Self {
             slot_logits: Param::from_tensor(Tensor::from_data(
                 TensorData::new(logits, shape),
@@ -86,6 +93,7 @@ impl<B: Backend> LearnableProjection<B> {
             empty: Tensor::from_data(TensorData::new(empty, shape), device),
             occupied: Tensor::from_data(TensorData::new(occupied, shape), device),
             teacher_vocab: w.teacher_vocab_size(),
+            layout,
         })
     }
 
@@ -134,6 +142,7 @@ impl<B: Backend> LearnableProjection<B> {
         Ok(ProjectionTensors {
             indices: self.indices.clone().into_primitive(),
             weights: self.weights().into_primitive().tensor(),
+            layout: Some(self.layout.clone()),
         })
     }
 }

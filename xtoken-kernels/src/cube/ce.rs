@@ -78,5 +78,5 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
         grad_weights: None,
     };
     let rows = compared.iter().map(|&(row, _)| row);
-    finish::<B, R>(output, bad, rows, "cross-entropy")
+    finish::<B, R>(&launcher, output, (bad, rows), "cross-entropy")
 }

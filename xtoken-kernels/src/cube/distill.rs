@@ -76,7 +76,9 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
         } else {
             teacher.vocab
         };
-        if slots * k > 0 {
+        // Ids the extraction made lie below the teacher's vocabulary: no read needed.
+        let known = teacher.ids_in_vocab && teacher.vocab <= id_limit;
+        if slots * k > 0 && !known {
             let range = int_range::<B, R>(&teacher.ids, "teacher ids")?;
             check_id_range(range, 0, id_limit, "teacher ids", "token")?;
         }
@@ -234,7 +236,12 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
             grad_weights,
         };
         let rows = self.spec.merge.rows_read();
-        finish::<B, R>(output, self.bad, rows, self.spec.loss.name())
+        finish::<B, R>(
+            &self.launcher,
+            output,
+            (self.bad, rows),
+            self.spec.loss.name(),
+        )
     }
 
     /// The merge's backward: each continuation row reading token `x` for slot `c` gets

@@ -648,6 +648,33 @@ pub fn scaled_sum<F: Float>(
     }
 }
 
+/// `flag[0] = 1` when any of the `n` listed rows is flagged in `bad`, in one cube.
+#[cube(launch_unchecked, address_type = "dynamic")]
+pub fn any_flagged(
+    bad: &Array<u32>,
+    rows: &Array<i32>,
+    flag: &mut Array<u32>,
+    n: usize,
+    #[comptime] block: usize,
+) {
+    let mut i = UNIT_POS as usize;
+    while i < n {
+        if bad[usize::cast_from(rows[i])] != 0u32 {
+            flag[0] = 1u32;
+        }
+        i += block;
+    }
+}
+
+/// `out[i] = marker` for every `i` when `flag[0]` is set (the marker, NaN, is a runtime value:
+/// WGSL has no literal for it).
+#[cube(launch_unchecked, address_type = "dynamic")]
+pub fn poison(flag: &Array<u32>, out: &mut Array<f32>, marker: f32, n: usize) {
+    if ABSOLUTE_POS < n && flag[0] != 0u32 {
+        out[ABSOLUTE_POS] = marker;
+    }
+}
+
 /// `out[i] = value` (a runtime value: WGSL has no literal for −∞).
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn fill(out: &mut Array<f32>, value: f32, n: usize) {

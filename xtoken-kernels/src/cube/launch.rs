@@ -13,6 +13,7 @@ use cubecl::{calculate_cube_count_elemwise, CubeDim};
 
 use super::kernels::{self, BLOCK};
 use crate::checks::finite_loss;
+use crate::deferred::{check_later, deferring};
 use crate::error::KernelError;
 use crate::spec::MergePlan;
 use crate::{LossOutput, XTokenBackend};
@@ -117,9 +118,24 @@ pub(super) fn as_i32<B: Cube<R>, R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor
     into_contiguous(t)
 }
 
+std::thread_local! {
+    static READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The reads to the host the cube kernels have made on this thread (flags, loss values, id
+/// ranges, W's indices): each waits for the device's queue.
+pub fn reads() -> u64 {
+    READS.with(std::cell::Cell::get)
+}
+
+fn note_read() {
+    READS.with(|r| r.set(r.get() + 1));
+}
+
 pub(super) fn read_f32<B: Cube<R>, R: CubeRuntime>(
     t: CubeTensor<R>,
 ) -> Result<Vec<f32>, KernelError> {
+    note_read();
     Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t))
         .into_data()
         .convert::<f32>()
@@ -134,6 +150,7 @@ pub(super) fn read_i64<B: Cube<R>, R: CubeRuntime>(
     t: CubeTensor<R>,
     what: &'static str,
 ) -> Result<Vec<i64>, KernelError> {
+    note_read();
     Tensor::<B, 1, Int>::from_primitive(t)
         .into_data()
         .convert::<i64>()
@@ -316,34 +333,89 @@ pub(super) fn scaled_sum<R: CubeRuntime>(
 }
 
 /// Reads the rows' flags (one small read): a row that holds NaN, +∞ or only −∞ among those
-/// listed is an error naming it.
+/// listed is an error naming it. Under [`crate::deferred`] the read waits; a flagged row
+/// then sets every value of `poisoned` (f32) to the given marker on the device, so that the
+/// loss its reader sees is not finite (a GPU's `max` drops NaN: the loss alone may not show it).
 pub(super) fn check_rows<B: Cube<R>, R: CubeRuntime>(
-    bad: CubeTensor<R>,
-    rows: impl Iterator<Item = u32>,
+    launcher: &Launcher<R>,
+    (bad, rows): (CubeTensor<R>, impl Iterator<Item = u32>),
+    poisoned: (&CubeTensor<R>, f32),
     side: &'static str,
 ) -> Result<(), KernelError> {
-    let flags = read_i64::<B, R>(bad, "row flags")?;
-    for row in rows {
-        if flags.get(row as usize).is_some_and(|&f| f != 0) {
-            return Err(KernelError::NonFinite {
-                side,
-                row: row as usize,
-            });
-        }
+    let rows: Vec<u32> = rows.collect();
+    if deferring() {
+        poison_if_flagged(launcher, &bad, &rows, poisoned);
     }
-    Ok(())
+    check_later(move || {
+        let flags = read_i64::<B, R>(bad, "row flags")?;
+        for row in rows {
+            if flags.get(row as usize).is_some_and(|&f| f != 0) {
+                return Err(KernelError::NonFinite {
+                    side,
+                    row: row as usize,
+                });
+            }
+        }
+        Ok(())
+    })
 }
 
-/// Checks the rows the loss read, then that the loss is finite (two small reads).
+/// `marker` over all of `out` (f32) when any of `rows` is flagged in `bad`: two launches, no
+/// read.
+fn poison_if_flagged<R: CubeRuntime>(
+    launcher: &Launcher<R>,
+    bad: &CubeTensor<R>,
+    rows: &[u32],
+    (out, marker): (&CubeTensor<R>, f32),
+) {
+    if rows.is_empty() {
+        return;
+    }
+    let listed: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+    let flag = launcher.zeros(1, DType::U32);
+    unsafe {
+        kernels::any_flagged::launch_unchecked::<R>(
+            &launcher.client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(BLOCK as u32),
+            launcher.address,
+            bad.clone().into_array_arg(),
+            launcher.ints(&listed).into_array_arg(),
+            flag.clone().into_array_arg(),
+            listed.len(),
+            BLOCK,
+        );
+    }
+    let n = out.meta.shape.num_elements();
+    let (count, dim) = launcher.elementwise(n);
+    unsafe {
+        kernels::poison::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            launcher.address,
+            flag.into_array_arg(),
+            out.clone().into_array_arg(),
+            marker,
+            n,
+        );
+    }
+}
+
+/// Checks the rows the loss read, then that the loss is finite (two small reads, or kept for
+/// later: a bad row makes the loss NaN on the device, which its reader sees).
 pub(super) fn finish<B: Cube<R>, R: CubeRuntime>(
+    launcher: &Launcher<R>,
     output: LossOutput<B>,
-    bad: CubeTensor<R>,
-    rows: impl Iterator<Item = u32>,
+    (bad, rows): (CubeTensor<R>, impl Iterator<Item = u32>),
     loss: &'static str,
 ) -> Result<LossOutput<B>, KernelError> {
-    check_rows::<B, R>(bad, rows, "student")?;
-    let value = read_f32::<B, R>(output.value.clone())?[0];
-    finite_loss(value as f64, loss)?;
+    check_rows::<B, R>(launcher, (bad, rows), (&output.value, f32::NAN), "student")?;
+    let value = output.value.clone();
+    check_later(move || {
+        let value = read_f32::<B, R>(value)?[0];
+        finite_loss(value as f64, loss).map(|_| ())
+    })?;
     Ok(output)
 }
 

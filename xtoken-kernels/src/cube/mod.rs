@@ -14,8 +14,10 @@
 //! Steps 1, 2, 4 and 5 are the shared launch context (`distill`); `launch` holds the launcher
 //! and the helpers every launch uses, `teacher` the teacher's top-K and `ce` the
 //! cross-entropy. The host does what is O(slots), O(|W|) or O(V): it checks the plan, lays it
-//! out as arrays, transposes W's indices (a counting sort) and uploads the common set's
-//! tables; it reads back per-row flags and the loss value to report non-finite rows by name.
+//! out as arrays, transposes W's indices (a counting sort, done once when W comes with its
+//! [`crate::layout::ProjectionLayout`]) and uploads the common set's tables. It reads back
+//! per-row flags and the loss value to report non-finite rows by name, at once or, under
+//! [`crate::deferred::defer`], only when the caller asks ([`reads`] counts these reads).
 
 mod ce;
 mod distill;
@@ -36,6 +38,7 @@ use crate::{LossOutput, ProjectionTensors, TeacherEntries, XTokenBackend};
 use distill::Evaluation;
 
 pub use kernels::BLOCK;
+pub use launch::reads;
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> XTokenBackend
     for CubeBackend<R, F, I, BT>

@@ -11,9 +11,9 @@ use burn_cubecl::CubeRuntime;
 use super::distill::{Evaluation, GradMode};
 use super::kernels::{self, BLOCK};
 use super::launch::{as_f32, as_i32, read_i64, shape_of, Cube};
-use crate::checks::{check_id_range, check_projection_entries, id_range, projection_width};
+use crate::checks::projection_width;
 use crate::error::KernelError;
-use crate::host::Columns;
+use crate::layout::ProjectionLayout;
 use crate::{LossOutput, ProjectionTensors};
 
 /// W on the device with its transposed layout, and the per-chunk buffers.
@@ -36,37 +36,36 @@ struct Projection<R: CubeRuntime> {
 }
 
 impl<R: CubeRuntime> Projection<R> {
-    /// Checks W against the logits' widths and lays out its columns (one read of the indices).
+    /// Checks W against the logits' widths and lays out its columns: from the layout W was
+    /// made with, or from its indices (one read).
     fn new<B: Cube<R>>(
         e: &Evaluation<'_, R>,
         w: ProjectionTensors<B>,
     ) -> Result<Self, KernelError> {
         let (v, vt, launcher) = (e.v, e.teacher_vocab, &e.launcher);
-        let kw = projection_width(&shape_of(&w.indices), &shape_of(&w.weights), v)?;
+        let shapes = (shape_of(&w.indices), shape_of(&w.weights));
         let indices = as_i32::<B, R>(w.indices);
-        let host_indices = read_i64::<B, R>(
-            B::int_reshape(indices.clone(), Shape::new([v * kw])),
-            "projection indices",
-        )?;
-        check_id_range(
-            id_range(&host_indices),
-            -1,
-            vt,
-            "projection indices",
-            "teacher id",
-        )?;
-        check_projection_entries(&host_indices)?;
+        let (kw, layout) = match w.layout {
+            Some(layout) => (layout.fits((&shapes.0, &shapes.1), v, vt)?, layout),
+            None => {
+                let kw = projection_width(&shapes.0, &shapes.1, v)?;
+                let host_indices = read_i64::<B, R>(
+                    B::int_reshape(indices.clone(), Shape::new([v * kw])),
+                    "projection indices",
+                )?;
+                (kw, ProjectionLayout::new(host_indices, [v, kw], vt)?)
+            }
+        };
         let weights_dtype = w.weights.dtype;
         let weights = as_f32::<B, R>(w.weights);
-        let columns = Columns::new(&host_indices, vt);
         let signed = |v: &[u32]| v.iter().map(|&x| x as i32).collect::<Vec<i32>>();
         Ok(Self {
             indices,
             weights,
             weights_dtype,
             kw,
-            column_start: launcher.ints(&signed(&columns.start)),
-            column_entries: launcher.ints(&signed(&columns.slots)),
+            column_start: launcher.ints(&signed(&layout.columns.start_for(vt))),
+            column_entries: launcher.ints(&signed(&layout.columns.slots)),
             row_mass: launcher.zeros(v, DType::F32),
             mass: launcher.zeros(e.chunk, DType::F32),
             scattered: launcher.zeros(e.chunk * vt, DType::F32),

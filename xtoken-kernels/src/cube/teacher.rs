@@ -86,7 +86,10 @@ pub(super) fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
             float_dtype(&z),
         );
     }
-    check_rows::<B, R>(bad, spec.merge.rows_read(), "teacher")?;
+    // Under deferred checks a flagged row turns the log-probabilities +∞, and with them the
+    // loss that reads them (a NaN would be skipped where a loss tests for −∞).
+    let rows = spec.merge.rows_read();
+    check_rows::<B, R>(&launcher, (bad, rows), (&logp, f32::INFINITY), "teacher")?;
     let confidence = match next {
         None => None,
         Some(rows) => Some(confidence::<B, R>(&launcher, &z, &rows, (n, v))?),
@@ -97,6 +100,7 @@ pub(super) fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
         k,
         vocab: v,
         confidence,
+        ids_in_vocab: true,
     })
 }
 
@@ -132,7 +136,12 @@ fn confidence<B: Cube<R>, R: CubeRuntime>(
             float_dtype(z),
         );
     }
-    check_rows::<B, R>(bad, row_ids.iter().map(|&r| r as u32), "teacher")?;
+    check_rows::<B, R>(
+        launcher,
+        (bad, row_ids.iter().map(|&r| r as u32)),
+        (&stats, f32::NAN),
+        "teacher",
+    )?;
     let stats = read_f32::<B, R>(stats)?;
     let mut sums = [0.0f64; 3];
     for row in stats.chunks_exact(3) {

@@ -31,7 +31,5 @@ pub mod teacher;
 pub use ce::{cross_entropy, cross_entropy_from};
 pub use distill::{distill, distill_from, loss_to_device, HostLoss, OutputDtypes};
 pub use merge::log_sum_exp;
-#[cfg(feature = "cube")]
-pub(crate) use pkl::Columns;
 pub use rows::{Block, LogitRows, SliceRows, TensorRows};
 pub use teacher::{entries_to_device, teacher_entries, teacher_entries_from, HostEntries};

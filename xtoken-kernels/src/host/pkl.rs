@@ -6,57 +6,25 @@
 //! (`Σ_s r_s p̂_S[s] = 0`) projects to `p̃ = 0`: each kept entry then costs `q (log q − log ε)`
 //! and sends no gradient.
 
+use std::sync::Arc;
+
 use burn::tensor::backend::Backend;
 
 use super::distill::{RowCtx, RowLoss, Scratch};
 use super::rows::{read_floats, read_ints};
-use crate::checks::{
-    check_id_range, check_projection_entries, float_dims, id_range, int_dims, projection_width,
-};
+use crate::checks::{float_dims, int_dims, projection_width};
 use crate::error::KernelError;
+use crate::layout::ProjectionLayout;
 use crate::ProjectionTensors;
-
-/// W transposed: per teacher id, the flat slots `s · K_w + k` that point to it.
-pub(crate) struct Columns {
-    pub(crate) start: Vec<u32>,
-    pub(crate) slots: Vec<u32>,
-}
-
-impl Columns {
-    /// A counting sort of the slots by teacher id.
-    pub(crate) fn new(indices: &[i64], teacher_vocab: usize) -> Self {
-        let mut start = vec![0u32; teacher_vocab + 1];
-        for &t in indices.iter().filter(|&&t| t >= 0) {
-            start[t as usize + 1] += 1;
-        }
-        for t in 0..teacher_vocab {
-            start[t + 1] += start[t];
-        }
-        let mut fill = start.clone();
-        let mut slots = vec![0u32; start[teacher_vocab] as usize];
-        for (slot, &t) in indices.iter().enumerate() {
-            if t >= 0 {
-                slots[fill[t as usize] as usize] = slot as u32;
-                fill[t as usize] += 1;
-            }
-        }
-        Self { start, slots }
-    }
-
-    fn of(&self, t: usize) -> &[u32] {
-        &self.slots[self.start[t] as usize..self.start[t + 1] as usize]
-    }
-}
 
 /// W on the host, with its columns.
 pub(super) struct Projected {
     weights: Vec<f32>,
     /// `r_s`: the sum of row `s`'s occupied weights.
     row_mass: Vec<f32>,
-    /// True on occupied slots.
-    occupied: Vec<bool>,
     kw: usize,
-    columns: Columns,
+    /// W's ids and columns (with the tensors, or laid out here).
+    layout: Arc<ProjectionLayout>,
     eps: f32,
     /// `V_S · (K_w + 1)` when W's gradient is wanted (the entries, then a per-row tail), else 0.
     weights_len: usize,
@@ -71,30 +39,35 @@ impl Projected {
         eps: f32,
         want_weights: bool,
     ) -> Result<Self, KernelError> {
-        let shape = int_dims::<B>(&w.indices);
-        let kw = projection_width(&shape, &float_dims::<B>(&w.weights), student_vocab)?;
-        let indices = read_ints::<B>(w.indices, "projection indices")?;
-        check_id_range(
-            id_range(&indices),
-            -1,
-            teacher_vocab,
-            "projection indices",
-            "teacher id",
-        )?;
-        check_projection_entries(&indices)?;
+        let shapes = (int_dims::<B>(&w.indices), float_dims::<B>(&w.weights));
+        let (kw, layout) = match w.layout {
+            Some(layout) => {
+                let kw = layout.fits((&shapes.0, &shapes.1), student_vocab, teacher_vocab)?;
+                (kw, layout)
+            }
+            None => {
+                let kw = projection_width(&shapes.0, &shapes.1, student_vocab)?;
+                let indices = read_ints::<B>(w.indices, "projection indices")?;
+                (kw, ProjectionLayout::new(indices, shapes.0, teacher_vocab)?)
+            }
+        };
         let weights = read_floats::<B>(w.weights, "projection weights")?;
-        let occupied: Vec<bool> = indices.iter().map(|&t| t >= 0).collect();
         let row_mass = weights
             .chunks(kw.max(1))
-            .zip(occupied.chunks(kw.max(1)))
-            .map(|(w, o)| w.iter().zip(o).filter(|(_, &o)| o).map(|(&w, _)| w).sum())
+            .zip(layout.indices().chunks(kw.max(1)))
+            .map(|(w, ids)| {
+                w.iter()
+                    .zip(ids)
+                    .filter(|(_, &t)| t >= 0)
+                    .map(|(&w, _)| w)
+                    .sum()
+            })
             .collect();
         Ok(Self {
             weights,
             row_mass,
-            occupied,
             kw,
-            columns: Columns::new(&indices, teacher_vocab),
+            layout,
             eps,
             weights_len: if want_weights {
                 student_vocab * (kw + 1)
@@ -114,7 +87,7 @@ impl RowLoss for Projected {
         let entries = self.row_mass.len() * self.kw;
         let tail = sum.split_off(entries);
         for (e, g) in sum.iter_mut().enumerate() {
-            if self.occupied[e] {
+            if self.layout.indices()[e] >= 0 {
                 *g += tail[e / self.kw];
             }
         }
@@ -153,7 +126,7 @@ impl RowLoss for Projected {
             if lq == f32::NEG_INFINITY {
                 continue;
             }
-            let column = self.columns.of(t as usize);
+            let column = self.layout.columns.of(t as usize);
             let a: f64 = column
                 .iter()
                 .map(|&e| w[e as usize] as f64 * s.p[e as usize / kw] as f64)

@@ -51,6 +51,7 @@ pub fn entries_to_device<B: Backend>(
         k: host.k,
         vocab,
         confidence: host.confidence,
+        ids_in_vocab: true,
     }
 }
 

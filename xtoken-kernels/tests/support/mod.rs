@@ -95,6 +95,7 @@ pub fn projection<B: Backend>(device: &B::Device) -> ProjectionTensors<B> {
         weights: Tensor::<B, 2>::from_data(TensorData::new(weights, [vs, 2]), device)
             .into_primitive()
             .tensor(),
+        layout: None,
     }
 }
 
@@ -136,6 +137,11 @@ impl Evaluation {
     /// Whether this is the distillation loss `kind`.
     pub fn is(&self, kind: LossKind) -> bool {
         matches!(self, Evaluation::Distill { loss, .. } if *loss == kind)
+    }
+
+    /// Whether this is a distillation loss (not cross-entropy).
+    pub fn is_distill(&self) -> bool {
+        matches!(self, Evaluation::Distill { .. })
     }
 
     /// Whether this reads the projection W.

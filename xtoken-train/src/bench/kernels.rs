@@ -12,6 +12,7 @@ use anyhow::{bail, Result};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
 use clap::{Args, ValueEnum};
+use xtoken_kernels::layout::ProjectionLayout;
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_kernels::{
     host, CommonPairs, DistillSpec, EntriesSpec, GradRequest, LossKind, MergePlan,
@@ -140,8 +141,9 @@ fn inputs<B: XTokenBackend>(args: &KernelBenchArgs, device: &B::Device) -> Resul
         k,
         vocab: vt,
         confidence: None,
+        ids_in_vocab: false,
     };
-    let projection = projection::<B>(vs, vt, kw, device);
+    let projection = projection::<B>(vs, vt, kw, device)?;
     let merge = MergePlan {
         rows: n,
         predict_row: (0..n as u32).map(Some).collect(),
@@ -187,7 +189,7 @@ fn projection<B: Backend>(
     vt: usize,
     kw: usize,
     device: &B::Device,
-) -> ProjectionTensors<B> {
+) -> Result<ProjectionTensors<B>> {
     let mut indices = vec![-1i32; vs * kw];
     let mut weights = vec![0.0f32; vs * kw];
     for s in 0..vs {
@@ -197,13 +199,17 @@ fn projection<B: Backend>(
             weights[s * kw + j] = 1.0 / used as f32;
         }
     }
-    ProjectionTensors {
+    // Laid out once, as a run's W is.
+    let ids = indices.iter().map(|&t| t as i64).collect();
+    let layout = ProjectionLayout::new(ids, [vs, kw], vt)?;
+    Ok(ProjectionTensors {
         indices: Tensor::<B, 2, Int>::from_data(TensorData::new(indices, [vs, kw]), device)
             .into_primitive(),
         weights: Tensor::<B, 2>::from_data(TensorData::new(weights, [vs, kw]), device)
             .into_primitive()
             .tensor(),
-    }
+        layout: Some(layout),
+    })
 }
 
 /// H-KL's common set: about 70 % of the student vocabulary, 1-to-1.
