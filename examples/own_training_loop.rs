@@ -24,7 +24,7 @@ use xtoken::core::plan::MergeVariant;
 use xtoken::core::projection::{ProjectionParams, SparseProjection};
 use xtoken::loss::pkl::LearnableProjection;
 use xtoken::loss::{ce, pkl, scaling, LossParams, TeacherTargets};
-use xtoken::models::{Architecture, CausalLm, Transformer};
+use xtoken::models::{Architecture, CausalLm, Tokens, Transformer};
 use xtoken::train::data::{micro_batch, MicroBatch, Pipeline};
 
 type B = Autodiff<NdArray>;
@@ -53,7 +53,9 @@ fn main() -> Result<(), Error> {
         .iter()
         .map(|text| pipeline.process(&mut Workspace::default(), text))
         .collect::<Result<Vec<_>, _>>()?;
-    let batch = micro_batch(&aligned, MergeVariant::FirstToken)?;
+    // 1: the teacher's rows are not padded to a multiple (a GPU backend's trainer pads them to
+    // 128, so that its kernels see few shapes).
+    let batch = micro_batch(&aligned, MergeVariant::FirstToken, 1)?;
     let (student_vocab, teacher_vocab) = (pipeline.student.size(), pipeline.teachers[0].size());
     println!(
         "{} texts: {} student × {} teacher tokens per row, {} aligned chunks",
@@ -131,13 +133,14 @@ fn teacher_logits<Q: Backend>(
     device: &Q::Device,
 ) -> Result<Tensor<Q, 3>, Error> {
     let side = &batch.teachers[0];
-    let shape = [batch.rows, side.len];
-    let ids = Tensor::from_data(TensorData::new(side.ids.clone(), shape), device);
-    let padding = side
-        .padding
-        .clone()
-        .map(|p| Tensor::from_data(TensorData::new(p, shape), device));
-    Ok(teacher.forward(ids, padding)?)
+    // Made on the host, checked there: the forward pass reads nothing back from the device.
+    let tokens = Tokens::from_host(
+        &side.ids,
+        side.padding.as_deref(),
+        [batch.rows, side.len],
+        device,
+    )?;
+    Ok(teacher.forward_of(&tokens)?)
 }
 
 /// The two tokenizers and the number of steps, from the command line or

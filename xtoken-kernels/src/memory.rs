@@ -17,6 +17,15 @@ pub trait DeviceMemory: Backend {
     fn free_bytes(_device: &Self::Device) -> Option<u64> {
         None
     }
+
+    /// The multiple a training step pads its rows' length to. A cube backend (CUDA, wgpu)
+    /// compiles, and autotunes, kernels per tensor shape, and rows change length with every
+    /// micro-batch (a teacher's tokenizer splits each text its own way; packed student rows
+    /// end where no chunk is cut): padded to a multiple of 128 they take a few shapes, not one
+    /// per step. Host backends compile nothing and pad nothing.
+    fn length_multiple() -> usize {
+        1
+    }
 }
 
 impl DeviceMemory for burn::backend::NdArray<f32> {}
@@ -31,6 +40,10 @@ impl<B: DeviceMemory, C: CheckpointStrategy> DeviceMemory for Autodiff<B, C> {
     fn free_bytes(device: &Self::Device) -> Option<u64> {
         B::free_bytes(device)
     }
+
+    fn length_multiple() -> usize {
+        B::length_multiple()
+    }
 }
 
 /// wgpu reports its pools, not the adapter's free memory.
@@ -40,6 +53,10 @@ impl DeviceMemory for burn_wgpu::Wgpu {
         use cubecl::Runtime;
         let client = burn_wgpu::WgpuRuntime::client(device);
         client.memory_usage().ok().map(|usage| usage.bytes_reserved)
+    }
+
+    fn length_multiple() -> usize {
+        CUBE_LENGTH_MULTIPLE
     }
 }
 
@@ -54,4 +71,13 @@ impl DeviceMemory for burn_cuda::Cuda {
     fn free_bytes(device: &Self::Device) -> Option<u64> {
         crate::device::cuda_free_memory(device.index)
     }
+
+    fn length_multiple() -> usize {
+        CUBE_LENGTH_MULTIPLE
+    }
 }
+
+/// A cube backend's training rows are padded to this multiple (see
+/// [`DeviceMemory::length_multiple`]).
+#[cfg(feature = "cube")]
+pub const CUBE_LENGTH_MULTIPLE: usize = 128;

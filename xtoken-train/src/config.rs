@@ -251,6 +251,10 @@ pub struct TrainingConfig {
     /// precision: the weights, AdamW's moments, RMSNorm, RoPE, the residual stream and the
     /// losses' sums stay in the parameters' dtype.
     pub compute_dtype: String,
+    /// A micro-batch's rows (the student's and each teacher's) are padded to a multiple of this
+    /// many tokens; 0 (the default): 128 on CUDA and wgpu, whose kernels are compiled per
+    /// shape, none on the CPU.
+    pub length_multiple: usize,
     /// Print a metrics line every this many steps when no progress bar is drawn.
     pub log_every: u64,
 }
@@ -367,6 +371,7 @@ impl Default for TrainingConfig {
             grad_clip: 1.0,
             activation_checkpointing: true,
             compute_dtype: "auto".into(),
+            length_multiple: 0,
             log_every: 10,
         }
     }

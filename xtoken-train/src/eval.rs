@@ -71,7 +71,7 @@ impl HeldOut {
         let variant = config.merge_variant()?;
         let batches = rows
             .chunks(t.micro_batch)
-            .map(|rows| micro_batch(rows, variant))
+            .map(|rows| micro_batch(rows, variant, 1))
             .collect::<Result<Vec<_>>>()?;
         Ok(Some(HeldOut { batches, tokens }))
     }

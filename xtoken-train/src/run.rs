@@ -191,7 +191,17 @@ impl<B: TrainBackend> Run<B> {
         };
         let accum = config.grad_accum(worker.count)?;
         let lenient = options.allow_data_change;
-        let loader = start_loader(&config, &inputs, &worker, state.loader.clone(), lenient)?;
+        let multiple = match config.training.length_multiple {
+            0 => B::length_multiple(),
+            m => m,
+        };
+        let loader = start_loader(
+            &config,
+            &inputs,
+            (&worker, multiple),
+            state.loader.clone(),
+            lenient,
+        )?;
         let t = &config.training;
         let last = options.stop_after.unwrap_or(t.steps).min(t.steps);
         progress.start(&config, &state, last, (accum, worker.count));
@@ -795,7 +805,7 @@ fn restore<B: TrainBackend>(
 fn start_loader(
     config: &RunConfig,
     inputs: &RunInputs,
-    worker: &Worker,
+    (worker, length_multiple): (&Worker, usize),
     state: LoaderState,
     lenient: bool,
 ) -> Result<Loader> {
@@ -830,6 +840,7 @@ fn start_loader(
         micro: t.micro_batch,
         workers: worker.count,
         rank: worker.rank,
+        length_multiple,
     };
     Loader::start(packer, shape, config.merge_variant()?, config.data.prefetch)
 }

@@ -441,6 +441,22 @@ fn confidence<B: TrainBackend>(
         .collect()
 }
 
+/// The student's side of a micro-batch. Its rows are padded on the right and attention is
+/// causal: no real position sees a padded one, and cross-entropy and the chunk plan read real
+/// rows only. So the student runs without a padding mask, which would build a
+/// `[rows, 1, len, len]` mask on the host and leave the causal kernel.
+fn student_tokens<C: burn::tensor::backend::Backend>(
+    micro: &MicroBatch,
+    device: &C::Device,
+) -> Result<xtoken_models::Tokens<C>> {
+    tokens::<C>(
+        &micro.student_ids,
+        &None,
+        [micro.rows, micro.student_len],
+        device,
+    )
+}
+
 /// Pass 1 of a micro-batch: its loss values from a forward pass of the student without a
 /// graph (only when dynamic scaling needs them; left in `readout`) and the teachers'
 /// confidence.
@@ -455,13 +471,7 @@ fn measure<B: TrainBackend>(
     let confidence = confidence(targets, setup.weighting);
     let (ce, losses) = if setup.dynamic_scaling {
         let inner = student.valid();
-        let tokens = tokens::<B::InnerBackend>(
-            &micro.student_ids,
-            &micro.student_padding,
-            [micro.rows, micro.student_len],
-            device,
-        )
-        .context("student: pass 1")?;
+        let tokens = student_tokens::<B::InnerBackend>(micro, device).context("student: pass 1")?;
         let logits = Tensor::<B, 3>::from_inner(
             inner
                 .forward_of(&tokens)
@@ -555,13 +565,7 @@ fn micro_step<B: TrainBackend>(
         Some(fixed) => fixed.alphas.clone(),
         None => multi::alphas(&terms, setup.weighting)?,
     };
-    let tokens = tokens::<B>(
-        &micro.student_ids,
-        &micro.student_padding,
-        [micro.rows, micro.student_len],
-        device,
-    )
-    .context("student")?;
+    let tokens = student_tokens::<B>(micro, device).context("student")?;
     let next_token = &micro.teachers[0].plan.student.next_token;
     let names: Vec<&str> = teachers.iter().map(|t| &t.settings.name[..]).collect();
     let mut recorded = None;

@@ -131,8 +131,10 @@ impl<B: TrainBackend> Teacher<B> {
                 self.settings.model.display()
             )));
         }
-        let tokens =
-            tokens::<B::InnerBackend>(&batch.ids, &batch.padding, [rows, batch.len], device);
+        // Rows are padded on the right and attention is causal: no real position sees a padded
+        // one, and the plan reads real rows only. So the teacher runs without a padding mask,
+        // which would build a `[rows, 1, len, len]` mask on the host and leave the causal kernel.
+        let tokens = tokens::<B::InnerBackend>(&batch.ids, &None, [rows, batch.len], device);
         let logits = tokens
             .and_then(|t| Ok(self.model.forward_of(&t)?))
             .with_context(|| format!("teacher {}: forward", self.settings.name))?;

@@ -1,6 +1,6 @@
 //! `xtoken bench train --profile`: every phase of a step is named, runs as often as it should,
-//! reports its memory, and the phases add up to the step measured around it; and a step waits
-//! for the device once.
+//! reports its memory, and the phases add up to the step measured around it; a step waits for
+//! the device once; and the teacher's rows padded for a GPU's kernels train as unpadded ones.
 
 mod fixture;
 #[path = "../../tests/support/mod.rs"]
@@ -203,5 +203,43 @@ fn a_step_reads_from_the_device_once() {
             })
             .collect();
         assert_eq!(reads, [per_step; 3], "{scope}: reads per step");
+    }
+}
+
+/// On CUDA and wgpu the teacher's rows are padded to a multiple of 128 so that its kernels see
+/// few shapes (`training.length_multiple`, 0: the backend's choice). Padding on the
+/// right under causal attention, read by a plan of real rows only, changes nothing: three
+/// steps of the fixture's run give the losses and gradient norms of the unpadded run.
+#[test]
+fn padded_teacher_rows_train_as_unpadded_ones() {
+    let f = fixture("multiple");
+    let metrics = |multiple: usize| {
+        let name = format!("multiple-{multiple}");
+        let path = config(&f, &name, "");
+        let text = std::fs::read_to_string(&path).expect("config").replace(
+            "warmup = 0.2",
+            &format!("warmup = 0.2\nlength_multiple = {multiple}"),
+        );
+        std::fs::write(&path, text).expect("config");
+        let config = RunConfig::load(&path).expect("config");
+        let device = Default::default();
+        let options = RunOptions::default();
+        let mut run = Run::<Autodiff<NdArray>>::open(config, &options, device, Worker::alone())
+            .expect("open");
+        (0..3)
+            .map(|_| {
+                let m = run.step().expect("step");
+                let mut values = vec![m.loss, m.ce, m.kd, m.grad_norm];
+                values.extend(m.teachers.iter().map(|t| t.0));
+                values
+            })
+            .collect::<Vec<_>>()
+    };
+    let (plain, padded) = (metrics(1), metrics(128));
+    for (a, b) in plain.iter().flatten().zip(padded.iter().flatten()) {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + a.abs()),
+            "{plain:?}\nvs\n{padded:?}"
+        );
     }
 }

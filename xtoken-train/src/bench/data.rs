@@ -185,6 +185,7 @@ fn measure(
         micro: args.batch,
         workers: 1,
         rank: 0,
+        length_multiple: 1,
     };
     let mut loader = Loader::start(packer, shape, MergeVariant::FirstToken, data.prefetch)?;
     let first = loader.next_step()?;

@@ -27,7 +27,8 @@ pub struct MicroBatch {
 pub struct TeacherBatch {
     /// Teacher ids `[rows, len]`, right-padded with 0.
     pub ids: Vec<i64>,
-    /// The longest row's teacher tokens.
+    /// The rows' length: the longest row's teacher tokens, rounded up to the micro-batch's
+    /// multiple.
     pub len: usize,
     /// `true` on padded teacher positions; `None` when no row is padded.
     pub padding: Option<Vec<bool>>,
@@ -43,8 +44,10 @@ pub struct StepBatch {
     pub state_after: LoaderState,
 }
 
-fn pad(rows: &[&[u32]]) -> (Vec<i64>, usize, Option<Vec<bool>>) {
-    let len = rows.iter().map(|r| r.len()).max().unwrap_or(0).max(1);
+/// Rows padded on the right to the longest, rounded up to a multiple of `multiple`.
+fn pad(rows: &[&[u32]], multiple: usize) -> (Vec<i64>, usize, Option<Vec<bool>>) {
+    let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0).max(1);
+    let len = longest.next_multiple_of(multiple.max(1));
     let mut ids = vec![0i64; rows.len() * len];
     let mut padding = vec![false; rows.len() * len];
     for (b, row) in rows.iter().enumerate() {
@@ -57,10 +60,16 @@ fn pad(rows: &[&[u32]]) -> (Vec<i64>, usize, Option<Vec<bool>>) {
     (ids, len, padded.then_some(padding))
 }
 
-/// Lays out rows as a micro-batch.
-pub fn micro_batch(rows: &[AlignedText], variant: MergeVariant) -> Result<MicroBatch> {
+/// Lays out rows as a micro-batch: the student's rows and each teacher's padded to the
+/// longest, rounded up to a multiple of `length_multiple` (see
+/// `DeviceMemory::length_multiple`).
+pub fn micro_batch(
+    rows: &[AlignedText],
+    variant: MergeVariant,
+    length_multiple: usize,
+) -> Result<MicroBatch> {
     let student: Vec<&[u32]> = rows.iter().map(|r| r.student_ids.as_slice()).collect();
-    let (student_ids, student_len, student_padding) = pad(&student);
+    let (student_ids, student_len, student_padding) = pad(&student, length_multiple);
     let teachers = rows.first().map_or(0, |r| r.teachers.len());
     let mut out = Vec::with_capacity(teachers);
     for m in 0..teachers {
@@ -69,7 +78,7 @@ pub fn micro_batch(rows: &[AlignedText], variant: MergeVariant) -> Result<MicroB
             .map(|r| ChunkPlan::new(&r.teachers[m].1))
             .collect();
         let teacher: Vec<&[u32]> = rows.iter().map(|r| r.teachers[m].0.as_slice()).collect();
-        let (ids, len, padding) = pad(&teacher);
+        let (ids, len, padding) = pad(&teacher, length_multiple);
         let items: Vec<PlanItem<'_>> = rows
             .iter()
             .zip(&plans)

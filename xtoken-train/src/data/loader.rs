@@ -19,6 +19,8 @@ pub struct BatchShape {
     pub workers: usize,
     /// Which worker this is: rows `rank, rank + workers, …` of a batch are its own.
     pub rank: usize,
+    /// Rows (the student's and each teacher's) are padded to a multiple of this many tokens.
+    pub length_multiple: usize,
 }
 
 /// Assembles step batches on a background thread, `prefetch` ahead of the training loop.
@@ -44,7 +46,7 @@ impl Loader {
             }
             let micro = mine
                 .chunks(shape.micro)
-                .map(|rows| micro_batch(rows, variant))
+                .map(|rows| micro_batch(rows, variant, shape.length_multiple))
                 .collect::<Result<Vec<_>>>()?;
             Ok(StepBatch {
                 micro,

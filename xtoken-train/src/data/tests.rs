@@ -156,7 +156,7 @@ fn micro_batches_pad_and_plan_every_row() {
     let feed = Feed::Cache(Arc::new(cache));
     let mut packer = Packer::new(feed, 1, 1, 16, LoaderState::default()).unwrap();
     let rows: Vec<AlignedText> = (0..3).map(|_| packer.next_row().unwrap()).collect();
-    let batch = micro_batch(&rows, MergeVariant::FirstToken).unwrap();
+    let batch = micro_batch(&rows, MergeVariant::FirstToken, 1).unwrap();
     assert_eq!(batch.rows, 3);
     assert_eq!(
         batch.tokens,
@@ -168,6 +168,32 @@ fn micro_batches_pad_and_plan_every_row() {
     // Every chunk but one starting a row at position 0 is compared.
     let chunks: usize = rows.iter().map(|r| r.teachers[0].1.chunks.len()).sum();
     assert!(plan.valid_chunks() >= chunks - 3 && plan.valid_chunks() <= chunks);
+
+    // Teacher rows padded to a multiple of 8: the same chunks read the same (sequence,
+    // position) of every row, and the positions added are padding.
+    let padded = micro_batch(&rows, MergeVariant::FirstToken, 8).unwrap();
+    let (a, b) = (&batch.teachers[0], &padded.teachers[0]);
+    assert_eq!(b.len, a.len.next_multiple_of(8));
+    assert_eq!(b.plan.teacher_len, b.len);
+    assert_eq!(b.plan.chunk_mask, a.plan.chunk_mask);
+    assert_eq!(padded.student_ids, batch.student_ids);
+    let place = |row: i32, len: usize| (row as usize / len, row as usize % len);
+    let (sa, sb) = (&a.plan.teacher, &b.plan.teacher);
+    for (ra, rb) in sa.predict_row.iter().zip(&sb.predict_row) {
+        assert_eq!(place(*ra, a.len), place(*rb, b.len));
+    }
+    for (ra, rb) in sa.continuation_row.iter().zip(&sb.continuation_row) {
+        assert_eq!(place(*ra, a.len), place(*rb, b.len));
+    }
+    let mask = b.padding.as_ref().expect("padding");
+    for (r, row) in rows.iter().enumerate() {
+        let real = row.teachers[0].0.len();
+        assert!((0..b.len).all(|p| mask[r * b.len + p] == (p >= real)));
+        assert_eq!(
+            &b.ids[r * b.len..r * b.len + real],
+            &a.ids[r * a.len..r * a.len + real]
+        );
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 
