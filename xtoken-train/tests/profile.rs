@@ -1,6 +1,6 @@
 //! `xtoken bench train --profile`: every phase of a step is named, runs as often as it should,
 //! reports its memory, and the phases add up to the step measured around it; a step waits for
-//! the device once; and the teacher's rows padded for a GPU's kernels train as unpadded ones.
+//! the device once; and rows padded for a GPU's kernels train as unpadded ones.
 
 mod fixture;
 #[path = "../../tests/support/mod.rs"]
@@ -184,17 +184,8 @@ fn the_gpu_step_script_runs_dry_on_the_cpu() {
 fn a_step_reads_from_the_device_once() {
     let f = fixture("reads");
     for (scope, per_step) in [("previous-step", 1), ("step", 2)] {
-        let path = config(&f, scope, "");
-        let text = std::fs::read_to_string(&path).expect("config").replace(
-            "top_k = 16",
-            &format!("top_k = 16\nscaling_scope = \"{scope}\""),
-        );
-        std::fs::write(&path, text).expect("config");
-        let config = RunConfig::load(&path).expect("config");
-        let options = RunOptions::default();
-        let device = Default::default();
-        let mut run = Run::<Autodiff<NdArray>>::open(config, &options, device, Worker::alone())
-            .expect("open");
+        let setting = format!("scaling_scope = \"{scope}\"");
+        let mut run = open_run(&f, scope, ("top_k = 16", &setting));
         let reads: Vec<u64> = (0..3)
             .map(|_| {
                 let before = burn_ndarray::reads::count();
@@ -206,26 +197,21 @@ fn a_step_reads_from_the_device_once() {
     }
 }
 
-/// On CUDA and wgpu the teacher's rows are padded to a multiple of 128 so that its kernels see
-/// few shapes (`training.length_multiple`, 0: the backend's choice). Padding on the
-/// right under causal attention, read by a plan of real rows only, changes nothing: three
-/// steps of the fixture's run give the losses and gradient norms of the unpadded run.
+/// On CUDA and wgpu a micro-batch's rows (the student's and each teacher's) are padded to a
+/// multiple of 128 so that the kernels see few shapes (`training.length_multiple`, 0: the
+/// backend's choice). Padding on the right under causal attention, read by plans and
+/// cross-entropy of real rows only, changes nothing: three steps of the fixture's run give the
+/// losses and gradient norms of the unpadded run.
 #[test]
-fn padded_teacher_rows_train_as_unpadded_ones() {
+fn padded_rows_train_as_unpadded_ones() {
     let f = fixture("multiple");
     let metrics = |multiple: usize| {
-        let name = format!("multiple-{multiple}");
-        let path = config(&f, &name, "");
-        let text = std::fs::read_to_string(&path).expect("config").replace(
-            "warmup = 0.2",
-            &format!("warmup = 0.2\nlength_multiple = {multiple}"),
+        let setting = format!("length_multiple = {multiple}");
+        let mut run = open_run(
+            &f,
+            &format!("multiple-{multiple}"),
+            ("warmup = 0.2", &setting),
         );
-        std::fs::write(&path, text).expect("config");
-        let config = RunConfig::load(&path).expect("config");
-        let device = Default::default();
-        let options = RunOptions::default();
-        let mut run = Run::<Autodiff<NdArray>>::open(config, &options, device, Worker::alone())
-            .expect("open");
         (0..3)
             .map(|_| {
                 let m = run.step().expect("step");
@@ -242,4 +228,20 @@ fn padded_teacher_rows_train_as_unpadded_ones() {
             "{plain:?}\nvs\n{padded:?}"
         );
     }
+}
+
+/// The fixture's run `name` on ndarray, with `setting` written on the line after `after` of its
+/// configuration.
+fn open_run(
+    f: &fixture::Fixture,
+    name: &str,
+    (after, setting): (&str, &str),
+) -> Run<Autodiff<NdArray>> {
+    let path = config(f, name, "");
+    let text = std::fs::read_to_string(&path).expect("config");
+    let text = text.replace(after, &format!("{after}\n{setting}"));
+    std::fs::write(&path, text).expect("config");
+    let config = RunConfig::load(&path).expect("config");
+    let options = RunOptions::default();
+    Run::open(config, &options, Default::default(), Worker::alone()).expect("open")
 }
