@@ -44,7 +44,8 @@ fi
 # The paper's shapes on a GPU; tiny ones for the CPU dry run (same commands, same report).
 if [ "$device" = cpu ]; then
     student=tiny teacher=tiny context=64 top_k=256 steps=1 preset=tiny len=64 train_device=flex
-    kernels=(--device ndarray --rows 64 --student-vocab 2048 --teacher-vocab 3072 --top-k 64 --runs 1)
+    kernels=(--device ndarray --rows 64 --student-vocab 2048 --teacher-vocab 3072 --top-k 64 --runs 1
+        --hidden 32 --layers 2)
     forward_device=ndarray forward_dtype=f32
 else
     student=llama1b teacher=qwen4b context=4096 top_k=8192 steps=3 preset=llama1b len=4096

@@ -12,6 +12,9 @@
 //!   gradient with respect to the student logits and the projection weights;
 //! - [`XTokenBackend::xt_cross_entropy`]: next-token cross-entropy and its gradient.
 //!
+//! A fourth, [`XTokenBackend::xt_adamw`], is the trainer's: one parameter tensor's AdamW update
+//! with its gradient's clipping, in one pass ([`adamw`]).
+//!
 //! **Chunks and slots.** The losses speak of chunks, the kernels of slots: chunk `k` of
 //! sequence `b` is slot `b · K + k` of the batch ([`MergePlan`] is one side's slots); the words
 //! are defined in `docs/architecture.md`.
@@ -29,6 +32,7 @@
 //! [`deferred::defer`] the checks that name a non-finite row wait until a loss is found
 //! non-finite: a training step's kernels read nothing back.
 
+pub mod adamw;
 mod checks;
 pub mod compilations;
 #[cfg(feature = "cube")]
@@ -147,6 +151,17 @@ pub trait XTokenBackend: Backend {
         want_grad: bool,
     ) -> Result<LossOutput<Self>, KernelError> {
         host::cross_entropy::<Self>(logits, targets, row_chunk, want_grad)
+    }
+
+    /// One AdamW update of `param` by `grad` (scaled by `step.grad_scale` first) with its
+    /// `moments` (`None` at the first update), in one pass where the backend has a kernel.
+    fn xt_adamw(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<adamw::Moments<Self>>,
+        step: &adamw::AdamWStep,
+    ) -> adamw::AdamWUpdate<Self> {
+        adamw::composed::<Self>(param, grad, moments, step)
     }
 }
 

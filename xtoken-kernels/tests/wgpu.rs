@@ -246,3 +246,24 @@ fn deferred_checks_leave_the_kernels_without_reads() {
         assert!(e.to_string().contains("row 0"), "{e}");
     }
 }
+
+/// The fused AdamW kernel (one launch per tensor) gives the composed update of ndarray within
+/// f32 rounding: the first update from zero moments, with decay and a clipping scale, and two
+/// more from its state.
+#[test]
+fn the_fused_adamw_kernel_matches_the_composed_update() {
+    let fused = support::adamw_updates::<Wgpu>(&Default::default());
+    let composed = support::adamw_updates::<NdArray>(&Default::default());
+    for (step, (a, b)) in fused.iter().zip(&composed).enumerate() {
+        for (what, (x, y)) in ["parameter", "m", "v"].iter().zip(a.iter().zip(b)) {
+            for (i, (x, y)) in x.iter().zip(y).enumerate() {
+                // A few f32 operations whose rounding (and contraction) may differ.
+                assert!(
+                    (x - y).abs() <= 1e-6 * y.abs().max(1e-3),
+                    "step {}: {what}[{i}] = {x} fused, {y} composed",
+                    step + 1
+                );
+            }
+        }
+    }
+}

@@ -18,11 +18,11 @@ use std::path::{Path, PathBuf};
 use burn::module::Module;
 use burn::optim::Optimizer;
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
-use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
 use xtoken_core::temporary::Temporary;
 
+use crate::backend::TrainBackend;
 use crate::data::LoaderState;
 use crate::error::{Context, Error, Result};
 use crate::optim::Trainable;
@@ -237,7 +237,7 @@ fn candidates(dir: &Path) -> Result<Vec<(PathBuf, StateOrFault)>> {
 /// Saves a checkpoint of step `state.step` under `dir` and keeps only the newest `keep`;
 /// `extra` writes more files into the checkpoint's directory before its manifest (the `hf/`
 /// export).
-pub fn save<B: AutodiffBackend>(
+pub fn save<B: TrainBackend>(
     dir: &Path,
     state: &CheckpointState,
     trainable: &Trainable<B>,
@@ -260,7 +260,7 @@ pub fn save<B: AutodiffBackend>(
 }
 
 /// Writes a checkpoint's files into the directory `tmp`, the manifest last.
-fn write_directory<B: AutodiffBackend>(
+fn write_directory<B: TrainBackend>(
     tmp: &Path,
     state: &CheckpointState,
     trainable: &Trainable<B>,
@@ -276,7 +276,7 @@ fn write_directory<B: AutodiffBackend>(
 }
 
 /// Writes the tensors' records into `dir`.
-fn write_records<B: AutodiffBackend>(
+fn write_records<B: TrainBackend>(
     dir: &Path,
     trainable: &Trainable<B>,
     teachers: &[Teacher<B>],
@@ -342,7 +342,7 @@ pub fn load_student<B: burn::tensor::backend::Backend>(
 }
 
 /// Loads the checkpoint in `dir` into the student, its optimizers and each teacher's W.
-pub fn restore<B: AutodiffBackend>(
+pub fn restore<B: TrainBackend>(
     dir: &Path,
     trainable: &mut Trainable<B>,
     teachers: &mut [Teacher<B>],

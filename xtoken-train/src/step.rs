@@ -34,7 +34,7 @@ use crate::backend::TrainBackend;
 use crate::config::RunConfig;
 use crate::data::{MicroBatch, StepBatch};
 use crate::error::{Context, Error, Result};
-use crate::optim::{clip_to_norm, squared_norm, Trainable};
+use crate::optim::{clip_scale, squared_norm, Trainable};
 use crate::parallel::{Exchange, Worker};
 use crate::profile;
 use crate::readout::Readout;
@@ -761,7 +761,7 @@ pub fn step<B: TrainBackend>(
         device,
     )?;
     profile::boundary::<B>(device, || "gradient exchange".into());
-    let mut grads = reduced.student_grads;
+    let grads = reduced.student_grads;
     let norm = squared_norm(&trainable.student, &grads).map(|n| readout.push(n));
     // The step's one read: its values (alone) and the gradient norm.
     let read = readout.read()?;
@@ -787,8 +787,8 @@ pub fn step<B: TrainBackend>(
         )));
     }
     deferred.clear();
-    clip_to_norm(&trainable.student, &mut grads, grad_norm, rates.grad_clip);
-    trainable.step_student(rates.lr, grads);
+    let scale = clip_scale(grad_norm, rates.grad_clip);
+    trainable.step_student(rates.lr, scale, grads);
     profile::boundary::<B>(device, || "student: clipping + AdamW".into());
     for ((teacher, optim), grads) in teachers
         .iter_mut()

@@ -76,9 +76,11 @@ impl<R: CubeRuntime> Launcher<R> {
         empty_device_contiguous_dtype(self.client.clone(), self.device.clone(), shape, dtype)
     }
 
-    /// Launch geometry for one unit per element.
+    /// Launch geometry for one unit per element: cubes of a fixed [`BLOCK`] units, whatever
+    /// `n` (the cube size is part of a kernel's compile key: one sized by `n` compiles again
+    /// for each small `n` the data brings).
     pub(super) fn elementwise(&self, n: usize) -> (CubeCount, CubeDim) {
-        let dim = CubeDim::new(&self.client, n.max(1));
+        let dim = CubeDim::new_1d(BLOCK as u32);
         (
             calculate_cube_count_elemwise(&self.client, n.max(1), dim),
             dim,

@@ -12,13 +12,15 @@
 //! 5. `scaled_sum`: the loss.
 //!
 //! Steps 1, 2, 4 and 5 are the shared launch context (`distill`); `launch` holds the launcher
-//! and the helpers every launch uses, `teacher` the teacher's top-K and `ce` the
-//! cross-entropy. The host does what is O(slots), O(|W|) or O(V): it checks the plan, lays it
-//! out as arrays, transposes W's indices (a counting sort, done once when W comes with its
-//! [`crate::layout::ProjectionLayout`]) and uploads the common set's tables. It reads back
-//! per-row flags and the loss value to report non-finite rows by name, at once or, under
-//! [`crate::deferred::defer`], only when the caller asks ([`reads`] counts these reads).
+//! and the helpers every launch uses, `teacher` the teacher's top-K, `ce` the cross-entropy
+//! and `adamw` the optimizer's fused update. The host does what is O(slots), O(|W|) or O(V):
+//! it checks the plan, lays it out as arrays, transposes W's indices (a counting sort, done
+//! once when W comes with its [`crate::layout::ProjectionLayout`]) and uploads the common
+//! set's tables. It reads back per-row flags and the loss value to report non-finite rows by
+//! name, at once or, under [`crate::deferred::defer`], only when the caller asks ([`reads`]
+//! counts these reads).
 
+mod adamw;
 mod ce;
 mod distill;
 mod hybrid;
@@ -80,5 +82,14 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> XTokenBack
         want_grad: bool,
     ) -> Result<LossOutput<Self>, KernelError> {
         ce::evaluate::<Self, R>(logits, targets, want_grad)
+    }
+
+    fn xt_adamw(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<crate::adamw::Moments<Self>>,
+        step: &crate::adamw::AdamWStep,
+    ) -> crate::adamw::AdamWUpdate<Self> {
+        adamw::update::<Self, R>(param, grad, moments, step)
     }
 }

@@ -251,3 +251,39 @@ pub fn entries_for<B: XTokenBackend>(
     };
     B::xt_teacher_entries(narrow.into_primitive().tensor(), &spec).unwrap()
 }
+
+/// Three AdamW updates of one `[5, 7]` parameter: the first from zero moments, with decay and a
+/// clipping scale below 1, the later ones with new gradients; after each, the parameter and both
+/// moments as host values.
+pub fn adamw_updates<B: XTokenBackend>(device: &B::Device) -> Vec<[Vec<f32>; 3]> {
+    use xtoken_kernels::adamw::AdamWStep;
+    let tensor = |seed| {
+        logits::<B>(seed, [1, 5, 7], device)
+            .reshape([5, 7])
+            .into_primitive()
+            .tensor()
+    };
+    let mut param = tensor(1);
+    let mut moments = None;
+    let mut seen = Vec::new();
+    for time in 1..=3 {
+        let step = AdamWStep {
+            lr: 1e-3 * time as f64,
+            beta_1: 0.9,
+            beta_2: 0.95,
+            epsilon: 1e-8,
+            weight_decay: if time == 2 { 0.0 } else { 0.1 },
+            time,
+            grad_scale: if time == 1 { 0.37 } else { 1.0 },
+        };
+        let update = B::xt_adamw(param, tensor(10 + time as u32), moments, &step);
+        seen.push([
+            floats::<B, 2>(update.param.clone()),
+            floats::<B, 2>(update.moments.first.clone()),
+            floats::<B, 2>(update.moments.second.clone()),
+        ]);
+        param = update.param;
+        moments = Some(update.moments);
+    }
+    seen
+}

@@ -1,9 +1,11 @@
 //! `xtoken bench kernels`: one teacher's P-KL forward and backward (gradients to the student
 //! logits and to W's values), its H-KL forward and backward, and its top-K extraction, through
 //! `XTokenBackend::xt_distill` and `xt_teacher_entries` on a GPU backend: the cubecl
-//! kernels, or (`--path portable`) the portable host path for comparison. The time is set
-//! against the HBM floor: the bytes the evaluation must move at least once, over the copy
-//! bandwidth measured in the same run.
+//! kernels, or (`--path portable`) the portable host path for comparison; then AdamW with the
+//! clipping of its gradients over a Llama-3.2-1B-shaped student's parameter tensors, composed
+//! of burn ops and fused (`XTokenBackend::xt_adamw`). The time is set against the HBM floor: the
+//! bytes the evaluation must move at least once, over the copy bandwidth measured in the same
+//! run.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -55,6 +57,13 @@ pub struct KernelBenchArgs {
     /// `kernels` (cubecl) or `portable` (row chunks through host memory).
     #[arg(long, value_enum, default_value_t = PathArg::Kernels)]
     path: PathArg,
+    /// The AdamW student's hidden width (Llama-3.2-1B: 2048; MLP 4×, K/V a quarter).
+    #[arg(long, default_value_t = 2048)]
+    hidden: usize,
+    /// The AdamW student's layers (Llama-3.2-1B: 16; 9 tensors each, with the embedding and
+    /// the final norm 146).
+    #[arg(long, default_value_t = 16)]
+    layers: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -71,8 +80,8 @@ pub enum PathArg {
 }
 
 pub fn run(args: KernelBenchArgs) -> Result<()> {
-    if args.rows == 0 || args.runs == 0 || args.slots == 0 {
-        bail!("--rows, --runs and --slots must be positive");
+    if args.rows == 0 || args.runs == 0 || args.slots == 0 || args.hidden < 4 {
+        bail!("--rows, --runs and --slots must be positive, --hidden at least 4");
     }
     if args.top_k == 0 || args.top_k > args.teacher_vocab {
         bail!("--top-k must be between 1 and --teacher-vocab");
@@ -321,7 +330,6 @@ fn run_on<B: XTokenBackend + DeviceMemory>(args: &KernelBenchArgs, place: &str) 
         DType::F32 => 4,
         _ => 2,
     };
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
         "On {place}, {} path, {n} rows, V_S = {vs}, V_T = {vt}, K = {k}, W slots {kw}, row chunk \
          {}, {} logits; copy bandwidth {:.0} GB/s. Floor = bytes that must move once over that \
@@ -363,22 +371,143 @@ fn run_on<B: XTokenBackend + DeviceMemory>(args: &KernelBenchArgs, place: &str) 
             times.push(evaluate(&inputs, op, args.path, &device)?);
         }
         eprintln!();
+        let row = Row {
+            name,
+            dtype: args.dtype.name(),
+            floor_bytes,
+        };
+        row.print::<B>(times, bandwidth, before, &device);
+    }
+    drop(inputs);
+    adamw_rows::<B>(args, bandwidth, &device)
+}
+
+/// One line of the table.
+struct Row<'a> {
+    name: &'a str,
+    dtype: &'a str,
+    floor_bytes: usize,
+}
+
+impl Row<'_> {
+    fn print<B: DeviceMemory>(
+        &self,
+        mut times: Vec<f64>,
+        bandwidth: f64,
+        before: Option<u64>,
+        device: &B::Device,
+    ) {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         times.sort_by(f64::total_cmp);
         let (best, median) = (times[0], times[times.len() / 2]);
-        let floor = floor_bytes as f64 / bandwidth;
-        let peak = match (before, B::reserved_bytes(&device)) {
+        let floor = self.floor_bytes as f64 / bandwidth;
+        let peak = match (before, B::reserved_bytes(device)) {
             (Some(b), Some(p)) => format!("{:.2} ({:.2} before)", gib(p), gib(b)),
             _ => "n/a".into(),
         };
         println!(
-            "| {name} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× | {peak} |",
-            args.dtype.name(),
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× | {peak} |",
+            self.name,
+            self.dtype,
             best * 1e3,
             median * 1e3,
-            floor_bytes as f64 / 1e9,
+            self.floor_bytes as f64 / 1e9,
             floor * 1e3,
             best / floor,
         );
+    }
+}
+
+/// The shapes of a Llama-3.2-1B-like student's parameters at `hidden` width: per layer the
+/// attention's q, k, v, o, the MLP's gate, up, down and two norms; the embedding (tied) and the
+/// final norm.
+fn student_shapes(hidden: usize, layers: usize, vocab: usize) -> Vec<Vec<usize>> {
+    let (h, kv, mlp) = (hidden, hidden / 4, hidden * 4);
+    let layer = [
+        vec![h, h],
+        vec![kv, h],
+        vec![kv, h],
+        vec![h, h],
+        vec![mlp, h],
+        vec![mlp, h],
+        vec![h, mlp],
+        vec![h],
+        vec![h],
+    ];
+    let mut shapes: Vec<Vec<usize>> = (0..layers).flat_map(|_| layer.clone()).collect();
+    shapes.push(vec![vocab, h]);
+    shapes.push(vec![h]);
+    shapes
+}
+
+/// AdamW after the clipping of its gradients (scale 0.5) over every tensor of the student, from
+/// a step with moments: burn's ops composed (one launch per op, as burn's `AdamW` and a separate
+/// clipping run), and one `xt_adamw` per tensor. The floor reads parameter, gradient and both
+/// moments and writes three of them: 28 bytes per f32 parameter.
+fn adamw_rows<B: XTokenBackend + DeviceMemory>(
+    args: &KernelBenchArgs,
+    bandwidth: f64,
+    device: &B::Device,
+) -> Result<()> {
+    use xtoken_kernels::adamw::{composed, AdamWStep, Moments};
+    let shapes = student_shapes(args.hidden, args.layers, args.student_vocab);
+    let params: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
+    eprintln!("AdamW over {} tensors, {params} parameters", shapes.len());
+    let tensor = |shape: &Vec<usize>| {
+        let n = shape.iter().product::<usize>();
+        let flat = Tensor::<B, 1>::random([n], Distribution::Normal(0.0, 0.02), device);
+        B::float_reshape(flat.into_primitive().tensor(), shape.clone().into())
+    };
+    let state: Vec<_> = shapes
+        .iter()
+        .map(|s| (tensor(s), tensor(s), tensor(s), B::float_abs(tensor(s))))
+        .collect();
+    B::sync(device)?;
+    let before = B::reserved_bytes(device);
+    let step = AdamWStep {
+        lr: 3e-4,
+        beta_1: 0.9,
+        beta_2: 0.95,
+        epsilon: 1e-8,
+        weight_decay: 0.1,
+        time: 2,
+        grad_scale: 0.5,
+    };
+    for fused in [false, true] {
+        let name = match fused {
+            false => format!("AdamW + clipping, composed ({} tensors)", shapes.len()),
+            true => format!("AdamW + clipping, fused ({} tensors)", shapes.len()),
+        };
+        eprintln!("{name}");
+        let mut times = Vec::with_capacity(args.runs);
+        for i in 0..=args.runs {
+            let start = Instant::now();
+            let updated: Vec<_> = state
+                .iter()
+                .map(|(p, g, m, v)| {
+                    let moments = Some(Moments {
+                        first: m.clone(),
+                        second: v.clone(),
+                    });
+                    match fused {
+                        false => composed::<B>(p.clone(), g.clone(), moments, &step),
+                        true => B::xt_adamw(p.clone(), g.clone(), moments, &step),
+                    }
+                })
+                .collect();
+            B::sync(device)?;
+            // The first run, which compiles, is the warm-up.
+            if i > 0 {
+                times.push(start.elapsed().as_secs_f64());
+            }
+            drop(updated);
+        }
+        let row = Row {
+            name: &name,
+            dtype: "f32",
+            floor_bytes: 28 * params,
+        };
+        row.print::<B>(times, bandwidth, before, device);
     }
     Ok(())
 }

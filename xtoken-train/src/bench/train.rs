@@ -438,6 +438,9 @@ struct Timed {
     first_seconds: f64,
     /// Every step's phases, the warm-up step first (with `--profile`).
     profiles: Vec<StepProfile>,
+    /// Every step's loss, the warm-up step's first: two builds or dtypes train alike when these
+    /// agree.
+    losses: Vec<f64>,
 }
 
 /// A run's steps on the backend its configuration names, one warm-up step first; no
@@ -472,7 +475,7 @@ impl OnBackend for Steps {
             }));
         }
         let start = Instant::now();
-        run.step()?;
+        let first = run.step()?;
         let first_seconds = start.elapsed().as_secs_f64();
         alloc::reset_peak();
         let mut timed = Timed {
@@ -482,10 +485,12 @@ impl OnBackend for Steps {
             estimate_bytes,
             first_seconds,
             profiles: Vec::new(),
+            losses: vec![first.loss],
         };
         while !run.done() {
             let (start, before) = (Instant::now(), run.state().tokens);
-            run.step()?;
+            let step = run.step()?;
+            timed.losses.push(step.loss);
             timed.seconds.push(start.elapsed().as_secs_f64());
             timed.tokens.push(run.state().tokens - before);
         }
@@ -599,6 +604,7 @@ fn report(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) -> serde_json::Value
                 "step_seconds": timed.seconds,
                 "mean_step_seconds": mean_of(&timed.seconds),
                 "student_tokens": timed.tokens,
+                "losses": timed.losses,
                 "peak_memory_bytes": timed.peak_bytes,
                 "estimated_memory_bytes": timed.estimate_bytes,
             });
