@@ -1,6 +1,8 @@
 //! `Autodiff<B>` for any [`XTokenBackend`]: the fused loss computes its gradient in the forward
 //! pass (it is a scalar, so the upstream gradient is one number); the backward step scales the
-//! stored gradient. The teacher's entries never carry a gradient.
+//! stored gradient. The teacher's entries never carry a gradient. The attention keeps its
+//! inputs, output and log-sum-exps, and its backward step is the backend's
+//! `xt_attention_backward`.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -11,6 +13,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
+use crate::attention::{Attended, AttentionSaved, AttentionSpec};
 use crate::{
     DistillSpec, EntriesSpec, GradRequest, KernelError, LossOutput, ProjectionTensors,
     TeacherEntries, XTokenBackend,
@@ -59,6 +62,27 @@ impl<B: Backend> Backward<B, 2> for LogitsWeightsBackward {
         }
         if let (Some(node), Some(stored)) = (logits, grad_logits) {
             grads.register::<B>(node.id, scaled::<B, 3>(stored, upstream));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct AttentionBackward;
+
+impl<B: XTokenBackend> Backward<B, 3> for AttentionBackward {
+    type State = (AttentionSaved<B>, AttentionSpec);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [q, k, v] = ops.parents;
+        let upstream = grads.consume::<B>(&ops.node);
+        let (saved, spec) = ops.state;
+        // The forward checked the shapes; what is left to fail is a read of the device.
+        let found = B::xt_attention_backward(saved, upstream, &spec)
+            .unwrap_or_else(|e| panic!("the attention's backward failed: {e}"));
+        for (node, grad) in [(q, found.q), (k, found.k), (v, found.v)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
         }
     }
 }
@@ -176,5 +200,45 @@ impl<B: XTokenBackend, C: CheckpointStrategy> XTokenBackend for Autodiff<B, C> {
         logits_only(logits, want_grad, |z, grad| {
             B::xt_cross_entropy(z, targets, row_chunk, grad)
         })
+    }
+
+    /// The inner backend's attention; when the graph wants its gradients, the inputs, output
+    /// and log-sum-exps are kept for [`XTokenBackend::xt_attention_backward`] (no scores).
+    fn xt_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spec: &AttentionSpec,
+    ) -> Result<Attended<Self>, KernelError> {
+        let lse = <Self as AutodiffBackend>::from_inner;
+        let parents = [q.node.clone(), k.node.clone(), v.node.clone()];
+        let (q, k, v) = (q.primitive, k.primitive, v.primitive);
+        match AttentionBackward
+            .prepare::<C>(parents)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let found = B::xt_attention(q.clone(), k.clone(), v.clone(), spec)?;
+                let saved = AttentionSaved {
+                    q,
+                    k,
+                    v,
+                    output: found.output.clone(),
+                    lse: found.lse.clone(),
+                };
+                Ok(Attended {
+                    output: prep.finish((saved, spec.clone()), found.output),
+                    lse: lse(found.lse),
+                })
+            }
+            OpsKind::UnTracked(prep) => {
+                let found = B::xt_attention(q, k, v, spec)?;
+                Ok(Attended {
+                    output: prep.finish(found.output),
+                    lse: lse(found.lse),
+                })
+            }
+        }
     }
 }

@@ -12,8 +12,10 @@
 //!   gradient with respect to the student logits and the projection weights;
 //! - [`XTokenBackend::xt_cross_entropy`]: next-token cross-entropy and its gradient.
 //!
-//! A fourth, [`XTokenBackend::xt_adamw`], is the trainer's: one parameter tensor's AdamW update
-//! with its gradient's clipping, in one pass ([`adamw`]).
+//! The models' attention is one more ([`XTokenBackend::xt_attention`], [`attention`]): it never
+//! builds the `T × T` scores, and its backward recomputes them. And the trainer's:
+//! [`XTokenBackend::xt_adamw`], one parameter tensor's AdamW update with its gradient's
+//! clipping, in one pass ([`adamw`]).
 //!
 //! **Chunks and slots.** The losses speak of chunks, the kernels of slots: chunk `k` of
 //! sequence `b` is slot `b · K + k` of the batch ([`MergePlan`] is one side's slots); the words
@@ -33,6 +35,7 @@
 //! non-finite: a training step's kernels read nothing back.
 
 pub mod adamw;
+pub mod attention;
 mod checks;
 pub mod compilations;
 #[cfg(feature = "cube")]
@@ -151,6 +154,28 @@ pub trait XTokenBackend: Backend {
         want_grad: bool,
     ) -> Result<LossOutput<Self>, KernelError> {
         host::cross_entropy::<Self>(logits, targets, row_chunk, want_grad)
+    }
+
+    /// Attention of queries `[B, H, T_q, D]` over keys and values `[B, H_kv, T_k, D]` as
+    /// `spec` masks it, without building the `[B, H, T_q, T_k]` scores; the output and the
+    /// row log-sum-exps its backward reads ([`attention`]).
+    fn xt_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spec: &attention::AttentionSpec,
+    ) -> Result<attention::Attended<Self>, KernelError> {
+        attention::forward::<Self>(q, k, v, spec)
+    }
+
+    /// The gradients of [`XTokenBackend::xt_attention`]'s inputs given its output's, each
+    /// score recomputed from the saved log-sum-exps.
+    fn xt_attention_backward(
+        saved: attention::AttentionSaved<Self>,
+        grad_output: FloatTensor<Self>,
+        spec: &attention::AttentionSpec,
+    ) -> Result<attention::AttentionGrads<Self>, KernelError> {
+        attention::backward::<Self>(saved, grad_output, spec)
     }
 
     /// One AdamW update of `param` by `grad` (scaled by `step.grad_scale` first) with its
