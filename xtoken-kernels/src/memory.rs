@@ -78,6 +78,6 @@ impl DeviceMemory for burn_cuda::Cuda {
 }
 
 /// A cube backend's training rows are padded to this multiple (see
-/// [`DeviceMemory::length_multiple`]).
-#[cfg(feature = "cube")]
+/// [`DeviceMemory::length_multiple`]); defined in every build, so that a memory estimate made
+/// on a machine without the GPU backends pads as the GPU will.
 pub const CUBE_LENGTH_MULTIPLE: usize = 128;

@@ -43,6 +43,15 @@ impl DeviceKind {
     pub fn on_host(self) -> bool {
         matches!(self, DeviceKind::Cpu | DeviceKind::Flex)
     }
+
+    /// The multiple a micro-batch's rows are padded to by default
+    /// (`DeviceMemory::length_multiple` of the backend this kind names).
+    pub fn length_multiple(self) -> usize {
+        match self {
+            DeviceKind::Cuda | DeviceKind::Wgpu => xtoken_kernels::memory::CUBE_LENGTH_MULTIPLE,
+            DeviceKind::Cpu | DeviceKind::Flex => 1,
+        }
+    }
 }
 
 impl FromStr for DeviceKind {

@@ -108,7 +108,7 @@ pub fn estimate_shapes(
 ) -> Result<MemoryEstimate> {
     let kind: DeviceKind = config.device.parse()?;
     let params = dtype_bytes(config.student_dtype()?, kind);
-    let tokens = (config.training.micro_batch * config.training.context_length) as u64;
+    let tokens = config.training.micro_batch as u64 * padded_context(config, kind);
     let bytes = |(arch, dtype): &(&Architecture, DtypeChoice)| {
         (
             arch.num_parameters() as u64,
@@ -128,10 +128,20 @@ pub fn estimate_shapes(
         student: student.num_parameters() as u64 * params * 4,
         teachers: teachers.iter().map(bytes).map(|(n, _, b)| n * b).sum(),
         activations: student_pass.max(teacher_pass),
-        targets: targets(config, student, teachers.len(), accum)?,
+        targets: targets(config, student, teachers.len(), accum, kind)?,
         inputs,
         on_host: kind.on_host(),
     })
+}
+
+/// The longest row a micro-batch can hold: `context_length` rounded up to the multiple its
+/// rows are padded to (`training.length_multiple`; 0: the device's, 128 on CUDA and wgpu).
+fn padded_context(config: &RunConfig, kind: DeviceKind) -> u64 {
+    let multiple = match config.training.length_multiple {
+        0 => kind.length_multiple(),
+        m => m,
+    };
+    config.training.context_length.div_ceil(multiple.max(1)) as u64 * multiple.max(1) as u64
 }
 
 /// The student's pass over one micro-batch: the residual stream in the parameters' dtype
@@ -145,7 +155,7 @@ fn student_activations(
 ) -> Result<u64> {
     let t = &config.training;
     let compute = dtype_bytes(config.compute_dtype()?, kind);
-    let (micro, context) = (t.micro_batch as u64, t.context_length as u64);
+    let (micro, context) = (t.micro_batch as u64, padded_context(config, kind));
     let tokens = micro * context;
     let boundary = tokens * s.hidden_size as u64 * params;
     let scores = micro * s.num_attention_heads as u64 * context * context * compute;
@@ -173,6 +183,7 @@ fn targets(
     student: &Architecture,
     teachers: usize,
     accum: usize,
+    kind: DeviceKind,
 ) -> Result<u64> {
     let t = &config.training;
     let vocab = student.vocab_size;
@@ -184,7 +195,7 @@ fn targets(
         ScalingScope::Step => accum as u64,
         _ => 1,
     };
-    let tokens = (t.micro_batch * t.context_length) as u64;
+    let tokens = t.micro_batch as u64 * padded_context(config, kind);
     Ok(teachers as u64 * 8 * top_k * tokens * kept)
 }
 
@@ -377,6 +388,29 @@ mod tests {
                 assert!(total > 80e9, "{file} under the step scope: {exact:?}");
             }
         }
+    }
+
+    /// A GPU pads each row to a multiple of 128 tokens: 4000 tokens of context cost what 4096
+    /// do there, less on the CPU (no padding), and `training.length_multiple` overrides it.
+    #[test]
+    fn the_estimate_counts_the_rows_padding() {
+        let configs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs");
+        let mut config = RunConfig::load(&configs.join("llama1b-qwen3-pkl.toml")).unwrap();
+        let [(_, student, _), (_, qwen3, _), _] = paper_models();
+        let teachers = [(&qwen3, DtypeChoice::Bf16)];
+        let mut total = |device: &str, context: usize, multiple: usize| {
+            config.device = device.into();
+            config.training.context_length = context;
+            config.training.length_multiple = multiple;
+            estimate_shapes(&config, &student, &teachers, 1, 0)
+                .unwrap()
+                .total()
+        };
+        assert_eq!(total("cuda", 4000, 0), total("cuda", 4096, 0));
+        assert!(total("cuda", 4096, 0) < total("cuda", 4097, 0));
+        assert!(total("cpu", 4000, 0) < total("cpu", 4096, 0));
+        assert_eq!(total("cpu", 4000, 256), total("cpu", 4096, 0));
+        assert!(total("cuda", 4000, 1) < total("cuda", 4096, 1));
     }
 
     #[test]
