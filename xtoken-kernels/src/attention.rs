@@ -17,10 +17,11 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Shape, Tensor, TensorData, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, Shape, TensorData, TensorMetadata};
 use rayon::prelude::*;
 
 use crate::error::KernelError;
+use crate::host::rows::read_floats;
 
 /// Which keys a query sees, and the softmax scale.
 #[derive(Debug, Clone, PartialEq)]
@@ -161,18 +162,11 @@ impl Dims {
     }
 }
 
+/// A tensor of any rank read to the host as flat f32 (the host module's reader, on a `[1, n]`
+/// view).
 fn host_f32<B: Backend>(t: FloatTensor<B>, what: &'static str) -> Result<Vec<f32>, KernelError> {
-    let rank = t.shape().num_dims();
-    let data = match rank {
-        3 => Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(t)).into_data(),
-        _ => Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(t)).into_data(),
-    };
-    data.convert::<f32>()
-        .into_vec::<f32>()
-        .map_err(|e| KernelError::Read {
-            what,
-            message: format!("{e:?}"),
-        })
+    let n = t.shape().num_elements();
+    read_floats::<B>(B::float_reshape(t, Shape::new([1, n])), what)
 }
 
 fn upload<B: Backend>(
@@ -294,7 +288,7 @@ pub fn forward<B: Backend>(
     })
 }
 
-/// What the backward reads: the inputs, the forward's results and the output's gradient.
+/// What the backward reads besides the output's gradient: the inputs and the forward's results.
 #[derive(Debug, Clone)]
 pub struct AttentionSaved<B: Backend> {
     /// The queries.
