@@ -26,6 +26,7 @@ use xtoken::loss::pkl::LearnableProjection;
 use xtoken::loss::{ce, pkl, scaling, LossParams, TeacherTargets};
 use xtoken::models::{Architecture, CausalLm, Tokens, Transformer};
 use xtoken::train::data::{micro_batch, MicroBatch, Pipeline};
+use xtoken::XTokenBackend;
 
 type B = Autodiff<NdArray>;
 type Error = Box<dyn std::error::Error>;
@@ -127,7 +128,7 @@ fn student_inputs<Q: Backend>(
 }
 
 /// The teacher's logits `[rows, len, V_T]` of its side of the batch.
-fn teacher_logits<Q: Backend>(
+fn teacher_logits<Q: XTokenBackend>(
     teacher: &Transformer<Q>,
     batch: &MicroBatch,
     device: &Q::Device,

@@ -202,6 +202,14 @@ impl<B: XTokenBackend, C: CheckpointStrategy> XTokenBackend for Autodiff<B, C> {
         })
     }
 
+    fn xt_attention_native() -> bool {
+        B::xt_attention_native()
+    }
+
+    fn burn_attention_fused() -> bool {
+        B::burn_attention_fused()
+    }
+
     /// The inner backend's attention; when the graph wants its gradients, the inputs, output
     /// and log-sum-exps are kept for [`XTokenBackend::xt_attention_backward`] (no scores).
     fn xt_attention(

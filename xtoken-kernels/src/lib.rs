@@ -168,6 +168,21 @@ pub trait XTokenBackend: Backend {
         attention::forward::<Self>(q, k, v, spec)
     }
 
+    /// Whether [`XTokenBackend::xt_attention`] runs where this backend's tensors live (a host
+    /// backend, or a kernel of its own), so that a model may use it in its training pass.
+    /// `false` by default: the portable version reads the inputs to the host, a stall per layer
+    /// on a device.
+    fn xt_attention_native() -> bool {
+        false
+    }
+
+    /// Whether this backend's own attention forward is fused (it keeps no `T × T` scores and
+    /// beats [`XTokenBackend::xt_attention`] where no gradient is wanted), so that inference
+    /// takes it even where `xt_attention` is native. burn-flex's is; ndarray's is not.
+    fn burn_attention_fused() -> bool {
+        false
+    }
+
     /// The gradients of [`XTokenBackend::xt_attention`]'s inputs given its output's, each
     /// score recomputed from the saved log-sum-exps.
     fn xt_attention_backward(
@@ -244,6 +259,29 @@ where
         let found = host::cross_entropy_from(&src, targets, row_chunk, want_grad)?;
         Ok(in_place_output(found, &src))
     }
+
+    fn xt_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spec: &attention::AttentionSpec,
+    ) -> Result<attention::Attended<Self>, KernelError> {
+        let _kernel = burn::backend::ndarray::reads::Paused::new();
+        attention::forward::<Self>(q, k, v, spec)
+    }
+
+    fn xt_attention_native() -> bool {
+        true
+    }
+
+    fn xt_attention_backward(
+        saved: attention::AttentionSaved<Self>,
+        grad_output: FloatTensor<Self>,
+        spec: &attention::AttentionSpec,
+    ) -> Result<attention::AttentionGrads<Self>, KernelError> {
+        let _kernel = burn::backend::ndarray::reads::Paused::new();
+        attention::backward::<Self>(saved, grad_output, spec)
+    }
 }
 
 /// Uploads a result computed from f32 logits read in place.
@@ -277,4 +315,12 @@ fn ndarray_rows(t: &NdArrayTensor) -> Option<host::SliceRows<'_>> {
 
 /// burn-flex (the CPU backend with f16 and bf16 tensors) runs the portable host implementation,
 /// which reads its logits of any float dtype a row chunk at a time and accumulates in f32.
-impl XTokenBackend for burn_flex::Flex {}
+impl XTokenBackend for burn_flex::Flex {
+    fn xt_attention_native() -> bool {
+        true
+    }
+
+    fn burn_attention_fused() -> bool {
+        true
+    }
+}

@@ -7,9 +7,11 @@
 //! its neighbours. Padded slots are hidden from every query.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use xtoken_kernels::XTokenBackend;
 
 use crate::error::{ModelError, Result};
+use crate::masking::Masking;
 use crate::model::{check_ids, DecoderLayer, Transformer};
 
 /// The keys and values of one batch of rows, for every layer.
@@ -57,17 +59,18 @@ impl<B: Backend> KvCache<B> {
             .collect()
     }
 
+    /// For burn's attention (decoding keeps no graph, and burn's forward is fused):
     /// `[rows, 1, n, past + n]`, `true` where a new query may not see a key: the future, left
-    /// padding and keys beyond the sliding window. `None` (with whether plain causal masking
+    /// padding and keys beyond the sliding window. No mask (with whether plain causal masking
     /// applies) when no key needs hiding beyond that.
-    fn mask(&self, n: usize, window: Option<usize>, device: &B::Device) -> Mask<B> {
+    fn mask(&self, n: usize, window: Option<usize>, device: &B::Device) -> Masking<B> {
         let past = self.slots;
         let total = past + n;
         let window = window.filter(|&w| w < total);
         let padded = self.starts.iter().any(|&s| s > 0);
         if !padded && window.is_none() && (past == 0 || n == 1) {
             // A fresh pass is causal; a single new query sees every cached key.
-            return Mask {
+            return Masking::Burn {
                 mask: None,
                 causal: past == 0,
             };
@@ -82,7 +85,7 @@ impl<B: Backend> KvCache<B> {
                 }
             }
         }
-        Mask {
+        Masking::Burn {
             mask: Some(Tensor::from_data(
                 TensorData::new(masked, [self.rows(), 1, n, total]),
                 device,
@@ -92,20 +95,15 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
-struct Mask<B: Backend> {
-    mask: Option<Tensor<B, 4, Bool>>,
-    causal: bool,
-}
-
-impl<B: Backend> DecoderLayer<B> {
+impl<B: XTokenBackend> DecoderLayer<B> {
     fn forward_cached(
         &self,
         x: Tensor<B, 3>,
         rotation: (&Tensor<B, 4>, &Tensor<B, 4>),
-        mask: &Mask<B>,
+        masking: &Masking<B>,
         cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>,
         compute: DType,
-    ) -> Tensor<B, 3> {
+    ) -> Result<Tensor<B, 3>> {
         let attention = &self.self_attn;
         let (q, k, v) = attention.rotated(
             self.input_layernorm.forward(x.clone()),
@@ -121,12 +119,12 @@ impl<B: Backend> DecoderLayer<B> {
             None => (k, v),
         };
         *cache = Some((k.clone(), v.clone()));
-        let attended = attention.attend(q, k, v, mask.mask.as_ref(), mask.causal, compute);
-        self.after_attention(x, attended, compute)
+        let attended = attention.attend(q, k, v, masking, compute)?;
+        Ok(self.after_attention(x, attended, compute))
     }
 }
 
-impl<B: Backend> Transformer<B> {
+impl<B: XTokenBackend> Transformer<B> {
     /// Feeds `ids` `[rows, n]` after what `cache` holds and returns their hidden states after
     /// the final norm, `[rows, n, hidden]`; the cache then holds them too. The first call is
     /// the prompt (left-padded as the cache's `starts` say), each later one the next tokens.
@@ -164,7 +162,7 @@ impl<B: Backend> Transformer<B> {
         cache.layers.resize(self.layers.len(), None);
         let compute = self.compute_dtype();
         for (layer, kv) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            x = layer.forward_cached(x, (&cos, &sin), &mask, kv, compute);
+            x = layer.forward_cached(x, (&cos, &sin), &mask, kv, compute)?;
         }
         cache.slots = total;
         Ok(self.norm.forward(x))

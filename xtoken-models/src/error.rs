@@ -71,6 +71,8 @@ pub enum ModelError {
         padding: usize,
         token: usize,
     },
+    #[error("attention: {0}")]
+    Kernel(#[from] xtoken_kernels::KernelError),
     #[error("{what}: expected {expected}, found {found}")]
     Shape {
         what: &'static str,

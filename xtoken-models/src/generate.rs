@@ -1,8 +1,8 @@
 //! Greedy decoding of a batch of prompts, with the key/value cache or (to check it, and to
 //! measure what it saves) by recomputing every position at every step.
 
-use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
+use xtoken_kernels::XTokenBackend;
 
 use crate::cache::KvCache;
 use crate::error::{ModelError, Result};
@@ -18,7 +18,7 @@ pub struct Greedy {
     pub use_cache: bool,
 }
 
-impl<B: Backend> Transformer<B> {
+impl<B: XTokenBackend> Transformer<B> {
     /// Greedily continues each prompt (token ids) until `stop(row, generated)` says so or
     /// `max_new_tokens` are generated; returns each row's generated ids (the stopping token
     /// included). Rows of different lengths are padded; a row's tokens do not depend on the

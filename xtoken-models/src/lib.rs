@@ -20,6 +20,7 @@ mod error;
 pub mod generate;
 mod hub;
 pub mod llama;
+pub mod masking;
 pub mod model;
 pub mod phi3;
 pub mod qwen3;
@@ -29,6 +30,7 @@ mod tokens;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
+use xtoken_kernels::XTokenBackend;
 
 pub use cache::KvCache;
 pub use checkpoint::SaveDtype;
@@ -36,6 +38,7 @@ pub use config::{Architecture, Family, HfConfig};
 pub use error::{ModelError, Result};
 pub use generate::Greedy;
 pub use hub::LoadOptions;
+pub use masking::{AttentionKernel, Masking};
 pub use model::Transformer;
 pub use recompute::Backward;
 pub use tokens::Tokens;
@@ -66,7 +69,7 @@ pub trait CausalLm<B: Backend> {
     }
 }
 
-impl<B: Backend> CausalLm<B> for Transformer<B> {
+impl<B: XTokenBackend> CausalLm<B> for Transformer<B> {
     fn vocab_size(&self) -> usize {
         self.architecture.vocab_size
     }

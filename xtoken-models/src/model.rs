@@ -17,10 +17,12 @@ use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::backend::Backend;
 use burn::tensor::module::{attention, linear};
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{activation::silu, Bool, DType, Int, Tensor, TensorData};
+use burn::tensor::{activation::silu, Bool, DType, Int, Tensor, TensorData, TensorPrimitive};
+use xtoken_kernels::XTokenBackend;
 
 use crate::config::Architecture;
 use crate::error::{ModelError, Result};
+use crate::masking::{AttentionKernel, Masking};
 use crate::rope::{self, RopeTables};
 use crate::tokens::Tokens;
 
@@ -181,7 +183,9 @@ impl<B: Backend> Attention<B> {
             head_dim: arch.head_dim,
         })
     }
+}
 
+impl<B: XTokenBackend> Attention<B> {
     fn project(
         &self,
         x: Tensor<B, 3>,
@@ -223,15 +227,15 @@ impl<B: Backend> Attention<B> {
         &self,
         x: Tensor<B, 3>,
         tables: &RopeTables<B>,
-        mask: Option<&Tensor<B, 4, Bool>>,
+        masking: &Masking<B>,
         compute: DType,
-    ) -> Tensor<B, 3> {
+    ) -> Result<Tensor<B, 3>> {
         let (cos, sin) = (
             tables.cos.clone().unsqueeze(),
             tables.sin.clone().unsqueeze(),
         );
         let (q, k, v) = self.rotated(x, &cos, &sin, compute);
-        self.attend(q, k, v, mask, mask.is_none(), compute)
+        self.attend(q, k, v, masking, compute)
     }
 
     /// Queries `[batch, heads, len, head_dim]`, keys and values `[batch, kv_heads, len,
@@ -256,33 +260,45 @@ impl<B: Backend> Attention<B> {
         )
     }
 
-    /// Attention of `q` over `k`/`v` (which may hold more positions than `q`, from a cache),
-    /// then the output projection, in `compute`. `mask` is `true` where a query may not see a
-    /// key; `causal` (without a mask) lets query `i` see keys `0..=i` only, else every key is
-    /// seen.
+    /// Attention of `q` over `k`/`v` (which may hold more positions than `q`, from a cache)
+    /// as `masking` says, then the output projection, in `compute`.
     pub(crate) fn attend(
         &self,
         q: Tensor<B, 4>,
         k: Tensor<B, 4>,
         v: Tensor<B, 4>,
-        mask: Option<&Tensor<B, 4, Bool>>,
-        causal: bool,
+        masking: &Masking<B>,
         compute: DType,
-    ) -> Tensor<B, 3> {
+    ) -> Result<Tensor<B, 3>> {
         let [batch, _, len, _] = q.dims();
-        let keys = k.dims()[2];
-        let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
-        let options = AttentionModuleOptions {
-            scale: None,
-            softcap: None,
-            is_causal: causal && mask.is_none(),
+        let out = match masking {
+            Masking::Tiled(spec) => {
+                let found = B::xt_attention(
+                    q.into_primitive().tensor(),
+                    k.into_primitive().tensor(),
+                    v.into_primitive().tensor(),
+                    spec,
+                )?;
+                Tensor::from_primitive(TensorPrimitive::Float(found.output))
+            }
+            Masking::Burn { mask, causal } => {
+                let keys = k.dims()[2];
+                let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
+                let options = AttentionModuleOptions {
+                    scale: None,
+                    softcap: None,
+                    is_causal: *causal && mask.is_none(),
+                };
+                let mask = mask
+                    .as_ref()
+                    .map(|m| m.clone().expand([batch, self.num_heads, len, keys]));
+                attention(q, k, v, mask, None, options)
+            }
         };
-        let mask = mask.map(|m| m.clone().expand([batch, self.num_heads, len, keys]));
-        let out = attention(q, k, v, mask, None, options);
         let out = out
             .swap_dims(1, 2)
             .reshape([batch, len, self.num_heads * self.head_dim]);
-        project(&self.o_proj, out, compute)
+        Ok(project(&self.o_proj, out, compute))
     }
 
     /// GQA: each key/value head serves `num_heads / num_kv_heads` consecutive query heads.
@@ -380,22 +396,24 @@ impl<B: Backend> DecoderLayer<B> {
             )?,
         })
     }
+}
 
+impl<B: XTokenBackend> DecoderLayer<B> {
     /// One layer on the residual stream `x`, whose dtype it keeps; the blocks run in `compute`.
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
         tables: &RopeTables<B>,
-        mask: Option<&Tensor<B, 4, Bool>>,
+        masking: &Masking<B>,
         compute: DType,
-    ) -> Tensor<B, 3> {
+    ) -> Result<Tensor<B, 3>> {
         let attended = self.self_attn.forward(
             self.input_layernorm.forward(x.clone()),
             tables,
-            mask,
+            masking,
             compute,
-        );
-        self.after_attention(x, attended, compute)
+        )?;
+        Ok(self.after_attention(x, attended, compute))
     }
 
     /// The rest of the layer once attention has run: its output `attended` added to the
@@ -432,6 +450,9 @@ pub struct Transformer<B: Backend> {
     /// The dtype the matmuls, the attention and the head run in; `None`: the parameters'.
     #[module(skip)]
     pub compute: Option<DType>,
+    /// The attention its passes run.
+    #[module(skip)]
+    pub attention: AttentionKernel,
 }
 
 impl<B: Backend> Transformer<B> {
@@ -465,6 +486,7 @@ impl<B: Backend> Transformer<B> {
             architecture: arch.clone(),
             hf_config: None,
             compute: None,
+            attention: AttentionKernel::default(),
         })
     }
 
@@ -483,30 +505,12 @@ impl<B: Backend> Transformer<B> {
             .unwrap_or_else(|| self.embed_tokens.weight.val().dtype())
     }
 
-    /// The hidden states after the final norm, `[batch, len, hidden]`. `padding` marks padded
-    /// positions with `true`; they are hidden from every query as keys. Positions count from 0
-    /// in every row, so pad on the right.
-    ///
-    /// The ids and padding are read back to the host once to be checked; [`Self::hidden_states_of`]
-    /// takes [`Tokens`] made on the host and reads nothing.
-    pub fn hidden_states(
-        &self,
-        ids: Tensor<B, 2, Int>,
-        padding: Option<Tensor<B, 2, Bool>>,
-    ) -> Result<Tensor<B, 3>> {
-        self.hidden_states_of(&Tokens::from_tensors(ids, padding)?)
-    }
-
-    /// [`Self::hidden_states`] of tokens checked where they were made.
-    pub fn hidden_states_of(&self, tokens: &Tokens<B>) -> Result<Tensor<B, 3>> {
-        let pass = Pass::new(&self.architecture, tokens)?;
-        let mut x = self.embed_tokens.forward(tokens.ids());
-        let context = pass.context::<B>(&self.architecture, x.dtype(), &x.device());
-        let compute = self.compute_dtype();
-        for layer in &self.layers {
-            x = layer.forward(x, &context.tables, context.mask.as_ref(), compute);
+    /// The same model running `kernel` for its attention.
+    pub fn with_attention(self, kernel: AttentionKernel) -> Self {
+        Transformer {
+            attention: kernel,
+            ..self
         }
-        Ok(self.norm.forward(x))
     }
 
     /// The output head on some rows' hidden states, `[rows, hidden]` → `[rows, vocab]` (the
@@ -527,12 +531,6 @@ impl<B: Backend> Transformer<B> {
         }
     }
 
-    /// Logits `[batch, len, vocab]` of tokens checked where they were made (no read of the
-    /// device), in the compute dtype.
-    pub fn forward_of(&self, tokens: &Tokens<B>) -> Result<Tensor<B, 3>> {
-        Ok(self.logits_from_hidden(self.hidden_states_of(tokens)?))
-    }
-
     /// The output head: `[batch, len, hidden]` → logits `[batch, len, vocab]`, in the compute
     /// dtype.
     pub fn logits_from_hidden(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
@@ -549,6 +547,47 @@ impl<B: Backend> Transformer<B> {
     }
 }
 
+impl<B: XTokenBackend> Transformer<B> {
+    /// Whether this model's passes run the tiled attention (see [`AttentionKernel`]).
+    pub fn tiled_attention(&self) -> bool {
+        self.attention
+            .tiled_on::<B>(&self.embed_tokens.weight.device())
+    }
+
+    /// The hidden states after the final norm, `[batch, len, hidden]`. `padding` marks padded
+    /// positions with `true`; they are hidden from every query as keys. Positions count from 0
+    /// in every row, so pad on the right.
+    ///
+    /// The ids and padding are read back to the host once to be checked; [`Self::hidden_states_of`]
+    /// takes [`Tokens`] made on the host and reads nothing.
+    pub fn hidden_states(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        padding: Option<Tensor<B, 2, Bool>>,
+    ) -> Result<Tensor<B, 3>> {
+        self.hidden_states_of(&Tokens::from_tensors(ids, padding)?)
+    }
+
+    /// [`Self::hidden_states`] of tokens checked where they were made.
+    pub fn hidden_states_of(&self, tokens: &Tokens<B>) -> Result<Tensor<B, 3>> {
+        let pass = Pass::new(&self.architecture, tokens)?;
+        let mut x = self.embed_tokens.forward(tokens.ids());
+        let tiled = self.tiled_attention();
+        let context = pass.context::<B>(&self.architecture, tiled, x.dtype(), &x.device());
+        let compute = self.compute_dtype();
+        for layer in &self.layers {
+            x = layer.forward(x, &context.tables, &context.masking, compute)?;
+        }
+        Ok(self.norm.forward(x))
+    }
+
+    /// Logits `[batch, len, vocab]` of tokens checked where they were made (no read of the
+    /// device), in the compute dtype.
+    pub fn forward_of(&self, tokens: &Tokens<B>) -> Result<Tensor<B, 3>> {
+        Ok(self.logits_from_hidden(self.hidden_states_of(tokens)?))
+    }
+}
+
 /// What one forward pass needs besides the weights, from its [`Tokens`]' host side: the shape and
 /// which positions are padding.
 pub(crate) struct Pass {
@@ -557,10 +596,10 @@ pub(crate) struct Pass {
     padded: Option<Vec<bool>>,
 }
 
-/// The RoPE tables and attention mask of a pass, on one backend.
+/// The RoPE tables and attention masking of a pass, on one backend.
 pub(crate) struct Context<B: Backend> {
     pub tables: RopeTables<B>,
-    pub mask: Option<Tensor<B, 4, Bool>>,
+    pub masking: Masking<B>,
 }
 
 /// Every id is in the vocabulary (an out-of-range id would index past the embedding); one small
@@ -593,8 +632,8 @@ pub(crate) fn check_ids<B: Backend>(
 }
 
 impl Pass {
-    /// Checks the tokens against the model (no more positions than it was trained for, before
-    /// the `[B, H, T, T]` attention is allocated; every id in its vocabulary), on the host.
+    /// Checks the tokens against the model (no more positions than it was trained for; every
+    /// id in its vocabulary), on the host.
     pub fn new<B: Backend>(architecture: &Architecture, tokens: &Tokens<B>) -> Result<Self> {
         tokens.check(architecture)?;
         let [batch, len] = tokens.dims();
@@ -605,9 +644,11 @@ impl Pass {
         })
     }
 
+    /// The RoPE tables in `dtype` and the masking for the attention `tiled` asks for.
     pub fn context<B: Backend>(
         &self,
         architecture: &Architecture,
+        tiled: bool,
         dtype: DType,
         device: &B::Device,
     ) -> Context<B> {
@@ -617,36 +658,14 @@ impl Pass {
                 cos: tables.cos.cast(dtype),
                 sin: tables.sin.cast(dtype),
             },
-            mask: self.attention_mask(architecture.sliding_window, device),
+            masking: Masking::causal(
+                tiled,
+                (self.batch, self.len),
+                architecture.head_dim,
+                self.padded.as_deref(),
+                architecture.sliding_window,
+                device,
+            ),
         }
-    }
-
-    /// `[batch, 1, len, len]`, `true` where a query may not see a key: the future, padded keys
-    /// and keys beyond the sliding window. `None` when plain causal masking suffices, which
-    /// lets the backend pick its causal (flash) kernel.
-    fn attention_mask<B: Backend>(
-        &self,
-        window: Option<usize>,
-        device: &B::Device,
-    ) -> Option<Tensor<B, 4, Bool>> {
-        let (batch, len) = (self.batch, self.len);
-        let window = window.filter(|&w| w < len);
-        if self.padded.is_none() && window.is_none() {
-            return None;
-        }
-        let mut masked = Vec::with_capacity(batch * len * len);
-        for row in 0..batch {
-            for query in 0..len {
-                for key in 0..len {
-                    let padded = self.padded.as_ref().is_some_and(|p| p[row * len + key]);
-                    let outside_window = window.is_some_and(|w| key + w <= query);
-                    masked.push(key > query || padded || outside_window);
-                }
-            }
-        }
-        Some(Tensor::from_data(
-            TensorData::new(masked, [batch, 1, len, len]),
-            device,
-        ))
     }
 }

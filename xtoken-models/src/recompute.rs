@@ -12,6 +12,7 @@ use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
+use xtoken_kernels::XTokenBackend;
 
 use crate::error::ModelError;
 use crate::model::{Pass, Transformer};
@@ -28,7 +29,10 @@ pub struct Backward<B: AutodiffBackend> {
     pub rest: B::Gradients,
 }
 
-impl<B: AutodiffBackend> Transformer<B> {
+impl<B: AutodiffBackend + XTokenBackend> Transformer<B>
+where
+    B::InnerBackend: XTokenBackend,
+{
     /// Forward, `loss(model, final hidden states)`, and backward. The closure chooses the
     /// output head (`logits_from_hidden`, or a fused loss reading the hidden states), so the
     /// head is never recomputed. `checkpointing` trades one extra forward pass of the decoder
@@ -61,8 +65,11 @@ impl<B: AutodiffBackend> Transformer<B> {
         let inner = self.valid();
         let embedded = inner.embed_tokens.forward(tokens.ids().inner());
         let (dtype, device) = (embedded.dtype(), embedded.device());
-        let inner_context = pass.context::<B::InnerBackend>(&self.architecture, dtype, &device);
-        let context = pass.context::<B>(&self.architecture, dtype, &device);
+        // Both passes run the attention the training pass would: their outputs agree bitwise.
+        let tiled = self.tiled_attention();
+        let arch = &self.architecture;
+        let inner_context = pass.context::<B::InnerBackend>(arch, tiled, dtype, &device);
+        let context = pass.context::<B>(arch, tiled, dtype, &device);
         let compute = self.compute_dtype();
 
         // Forward without a graph, keeping each layer's input.
@@ -70,12 +77,7 @@ impl<B: AutodiffBackend> Transformer<B> {
         let mut x = embedded;
         for layer in &inner.layers {
             inputs.push(x.clone());
-            x = layer.forward(
-                x,
-                &inner_context.tables,
-                inner_context.mask.as_ref(),
-                compute,
-            );
+            x = layer.forward(x, &inner_context.tables, &inner_context.masking, compute)?;
         }
 
         // Final norm and the loss, with a graph from the last layer's output on.
@@ -90,12 +92,8 @@ impl<B: AutodiffBackend> Transformer<B> {
         for (layer, input) in self.layers.iter().zip(inputs).rev() {
             let Some(gradient) = upstream else { break };
             let input = Tensor::<B, 3>::from_inner(input).require_grad();
-            let output = layer.forward(
-                input.clone(),
-                &context.tables,
-                context.mask.as_ref(),
-                compute,
-            );
+            let output =
+                layer.forward(input.clone(), &context.tables, &context.masking, compute)?;
             let mut layer_grads = (output * Tensor::from_inner(gradient)).sum().backward();
             upstream = input.grad(&layer_grads);
             move_grads(layer, &mut layer_grads, &mut model);

@@ -145,8 +145,10 @@ fn padded_context(config: &RunConfig, kind: DeviceKind) -> u64 {
 }
 
 /// The student's pass over one micro-batch: the residual stream in the parameters' dtype
-/// (`params` bytes), the projections, attention scores and MLP in the compute dtype, and the
-/// logits with their gradients.
+/// (`params` bytes), the projections, the attention and the MLP in the compute dtype, and the
+/// logits with their gradients. The CPU backends train with the tiled attention, which keeps no
+/// scores: its f32 copies of the queries, keys, values and output count instead. burn's
+/// attention (the GPU backends) keeps about three `T × T` score buffers per layer.
 fn student_activations(
     config: &RunConfig,
     s: &Architecture,
@@ -158,9 +160,12 @@ fn student_activations(
     let (micro, context) = (t.micro_batch as u64, padded_context(config, kind));
     let tokens = micro * context;
     let boundary = tokens * s.hidden_size as u64 * params;
-    let scores = micro * s.num_attention_heads as u64 * context * context * compute;
+    let attention = match kind.on_host() {
+        true => 4 * tokens * (s.num_attention_heads * s.head_dim) as u64 * 4,
+        false => 3 * micro * s.num_attention_heads as u64 * context * context * compute,
+    };
     let mlp = tokens * s.intermediate_size as u64 * compute;
-    let one_layer = 3 * scores + 8 * boundary + 3 * mlp;
+    let one_layer = attention + 8 * boundary + 3 * mlp;
     let layers = s.num_hidden_layers as u64;
     let kept = match t.activation_checkpointing {
         true => layers * boundary + one_layer,

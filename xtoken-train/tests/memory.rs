@@ -79,7 +79,12 @@ fn a_run_past_the_cap_is_refused_before_its_first_step() {
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(
         &path,
-        text.replace("context_length = 24", "context_length = 8192"),
+        // Thirty-two sequences of 8192 tokens per micro-batch: several GB estimated.
+        text.replace("context_length = 24", "context_length = 8192")
+            .replace(
+                "batch_size = 4\nmicro_batch = 2",
+                "batch_size = 32\nmicro_batch = 32",
+            ),
     )
     .unwrap();
     let p = path.to_str().unwrap();

@@ -4,10 +4,15 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use burn::tensor::backend::Backend;
+use burn::backend::{Autodiff, NdArray};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 use safetensors::{Dtype, SafeTensors};
-use xtoken_models::{CausalLm, Transformer};
+use xtoken_kernels::XTokenBackend;
+use xtoken_models::{CausalLm, ModelError, Tokens, Transformer};
 
 pub fn fixture(case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -79,7 +84,7 @@ pub fn max_logit(case: &str) -> f64 {
 /// Max |Δ| between our logits and HF's over every input of `case`, for a loaded `model` on
 /// any backend (logits of any float dtype are compared in f32); panics on a logit that is not
 /// finite.
-pub fn worst_difference<B: Backend>(model: &Transformer<B>, case: &str) -> f32 {
+pub fn worst_difference<B: XTokenBackend>(model: &Transformer<B>, case: &str) -> f32 {
     let device = model.embed_tokens.weight.device();
     let mut worst = 0.0f32;
     for input in expected(case) {
@@ -128,4 +133,101 @@ pub fn training_batch<B: Backend>(device: &B::Device) -> (Tensor<B, 2, Int>, Ten
         .collect();
     let weights = Tensor::<B, 3>::from_data(TensorData::new(weights, [2, 12, 128]), device);
     (ids, weights)
+}
+
+/// The CPU training backend of the gradient tests (`f64`: their reference).
+pub type Train<E = f32> = Autodiff<NdArray<E>>;
+
+/// Every parameter's gradient, flattened to f32, in visiting order (`None` where it has none).
+pub fn all_grads<B: AutodiffBackend>(
+    model: &Transformer<B>,
+    grads: &GradientsParams,
+) -> Vec<Option<Vec<f32>>> {
+    struct Collect<'a>(&'a GradientsParams, Vec<Option<Vec<f32>>>);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let grad = self.0.get::<B::InnerBackend, D>(param.id);
+            let values = |g: Tensor<B::InnerBackend, D>| {
+                g.into_data().convert::<f32>().into_vec::<f32>().unwrap()
+            };
+            self.1.push(grad.map(values));
+        }
+    }
+    let mut collect = Collect(grads, Vec::new());
+    model.visit(&mut collect);
+    collect.1
+}
+
+/// One forward and backward of [`training_batch`]'s weighted log-likelihood, the second row
+/// padded after 8 tokens when `padded`: the loss and every parameter's gradient.
+pub fn training_step<B>(
+    model: &Transformer<B>,
+    padded: bool,
+    checkpointing: bool,
+) -> (f32, Vec<Option<Vec<f32>>>)
+where
+    B: AutodiffBackend + XTokenBackend,
+    B::InnerBackend: XTokenBackend,
+{
+    let device = model.embed_tokens.weight.device();
+    let (ids, weights) = training_batch::<B>(&device);
+    let weights = weights.cast(model.embed_tokens.weight.dtype());
+    let padding = padded.then(|| {
+        Tensor::<B, 2, Int>::from_ints(
+            [
+                [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
+            ],
+            &device,
+        )
+        .equal_elem(1)
+    });
+    let backward = model
+        .forward_backward(
+            &Tokens::from_tensors(ids, padding).unwrap(),
+            checkpointing,
+            |model, hidden| {
+                let logits = model.logits_from_hidden(hidden);
+                Ok::<_, ModelError>((log_softmax(logits, 2) * weights).sum().neg() / 24.0)
+            },
+        )
+        .unwrap();
+    // The whole step ran in the parameters' dtype (a reference in f64 stays in f64).
+    assert_eq!(backward.loss.dtype(), model.embed_tokens.weight.dtype());
+    let loss = backward
+        .loss
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .unwrap()[0];
+    (loss, all_grads(model, &backward.model))
+}
+
+/// Asserts two [`training_step`]s agree: the loss within 1e-5 and every gradient within
+/// `tolerance` of its largest entry.
+pub fn assert_same_step(
+    what: &str,
+    (loss_a, a): &(f32, Vec<Option<Vec<f32>>>),
+    (loss_b, b): &(f32, Vec<Option<Vec<f32>>>),
+    tolerance: f64,
+) {
+    assert!(
+        (loss_a - loss_b).abs() <= 1e-5 * loss_a.abs(),
+        "{what}: loss {loss_a} vs {loss_b}"
+    );
+    assert_eq!(a.len(), b.len());
+    for (i, (a, b)) in a.iter().zip(b).enumerate() {
+        let (a, b) = (
+            a.as_ref().unwrap(),
+            b.as_ref()
+                .unwrap_or_else(|| panic!("{what}: parameter {i} lost its gradient")),
+        );
+        let name = format!("{what}: parameter {i} gradient");
+        let scale = xtoken_testkit::max_abs(&name, a).max(1e-6);
+        let worst = xtoken_testkit::max_abs_diff(&name, a, b);
+        assert!(
+            worst <= tolerance * scale,
+            "{what}: parameter {i}: max |Δ| {worst} (scale {scale})"
+        );
+    }
 }

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use burn::backend::NdArray;
-use burn::tensor::backend::Backend;
 use clap::Args;
 use tokenizers::Tokenizer;
+use xtoken_kernels::XTokenBackend;
 use xtoken_models::{Greedy, Transformer};
 use xtoken_train::harness::model::{read_tokenizer, Scorable, SpecialTokens};
 use xtoken_train::harness::task::{prompts, PromptSettings, Request};
@@ -72,7 +72,7 @@ pub fn run(args: EvalBenchArgs) -> Result<()> {
     }
 }
 
-fn run_on<B: Backend>(args: &EvalBenchArgs, device: &B::Device, place: &str) -> Result<()> {
+fn run_on<B: XTokenBackend>(args: &EvalBenchArgs, device: &B::Device, place: &str) -> Result<()> {
     let architecture = args.preset.architecture();
     let model = Transformer::<B>::random(&architecture, 0, args.dtype.dtype(), device)?;
     let tokenizer = read_tokenizer(&args.tokenizer)?;
@@ -134,7 +134,7 @@ fn run_on<B: Backend>(args: &EvalBenchArgs, device: &B::Device, place: &str) -> 
     generation(&model, &tokenizer, &gsm8k_contexts, args)
 }
 
-fn warm_up<B: Backend>(scorable: &Scorable<'_, B>) -> Result<()> {
+fn warm_up<B: XTokenBackend>(scorable: &Scorable<'_, B>) -> Result<()> {
     let pairs = vec![("Warm up".to_string(), " once".to_string())];
     scorable.loglikelihoods(&pairs, |_| {})?;
     let generate = vec![("Warm up".to_string(), Vec::new())];
@@ -171,7 +171,7 @@ fn request_size(tokenizer: &Tokenizer, requests: &[&Request]) -> Result<(usize, 
 
 /// Greedy decoding of GSM8k's prompts (their last `prompt_tokens`), a fixed number of tokens,
 /// with the cache and by recomputation.
-fn generation<B: Backend>(
+fn generation<B: XTokenBackend>(
     model: &Transformer<B>,
     tokenizer: &Tokenizer,
     contexts: &[String],

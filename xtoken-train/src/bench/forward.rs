@@ -1,8 +1,11 @@
 //! `xtoken bench forward`: tokens/s and peak memory of a random Llama-shaped model: inference
 //! forward, and a training step (forward + backward of next-token cross-entropy) with and
-//! without activation checkpointing per decoder layer. On CPU (ndarray) the peak is the heap the
-//! counting allocator saw above the weights; on CUDA (`--features cuda`, `--device cuda`) it is
-//! the memory the device pools reserved, weights included.
+//! without activation checkpointing per decoder layer. `--attention both` instead times the
+//! inference forward and the training step with the tiled attention and with burn's, and
+//! prints their ratios (one layer
+//! and a small vocabulary, `--layers 1 --vocab 256`, isolate a layer). On CPU (ndarray) the peak
+//! is the heap the counting allocator saw above the weights; on CUDA (`--features cuda`,
+//! `--device cuda`) it is the memory the device pools reserved, weights included.
 
 use std::time::Instant;
 
@@ -14,8 +17,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
+use xtoken_kernels::XTokenBackend;
 use xtoken_models::rope::RopeScaling;
-use xtoken_models::{Architecture, CausalLm, ModelError, Tokens, Transformer};
+use xtoken_models::{Architecture, AttentionKernel, CausalLm, ModelError, Tokens, Transformer};
 
 use super::alloc;
 use crate::cli::models::DtypeArg;
@@ -77,6 +81,39 @@ pub struct ForwardBenchArgs {
     /// Parameter dtype (`bf16` and `f16` need a backend that has them: flex, CUDA).
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     dtype: DtypeArg,
+    /// Decoder layers, instead of the preset's.
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Vocabulary size, instead of the preset's (a small one takes the output head out of the
+    /// figures).
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// The attention of the passes: `auto` (the tiled one for training where the backend runs
+    /// it, burn's otherwise), `tiled`, `burn`, or `both` (the training step with each, and
+    /// their ratios).
+    #[arg(long, value_enum, default_value_t = AttentionArg::Auto)]
+    attention: AttentionArg,
+    /// Untimed steps before the timed ones.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AttentionArg {
+    Auto,
+    Tiled,
+    Burn,
+    Both,
+}
+
+impl AttentionArg {
+    fn kernel(self) -> AttentionKernel {
+        match self {
+            AttentionArg::Auto | AttentionArg::Both => AttentionKernel::Auto,
+            AttentionArg::Tiled => AttentionKernel::Tiled,
+            AttentionArg::Burn => AttentionKernel::Burn,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -88,7 +125,7 @@ pub enum DeviceArg {
 }
 
 struct Row {
-    pass: &'static str,
+    pass: String,
     seconds: f64,
     peak: usize,
 }
@@ -110,51 +147,147 @@ pub fn run(args: ForwardBenchArgs) -> Result<()> {
     }
 }
 
-fn run_on<B: DeviceMemory>(args: &ForwardBenchArgs, device: &B::Device, place: &str) -> Result<()> {
-    let architecture = args.preset.architecture();
-    let model = Transformer::<Autodiff<B>>::random(&architecture, 0, args.dtype.dtype(), device)?;
-    let inference = model.valid();
+fn run_on<B: DeviceMemory + XTokenBackend>(
+    args: &ForwardBenchArgs,
+    device: &B::Device,
+    place: &str,
+) -> Result<()> {
+    let mut architecture = args.preset.architecture();
+    architecture.num_hidden_layers = args.layers.unwrap_or(architecture.num_hidden_layers);
+    architecture.vocab_size = args.vocab.unwrap_or(architecture.vocab_size);
+    if architecture.num_hidden_layers == 0 || architecture.vocab_size < 2 {
+        bail!("--layers must be positive and --vocab at least 2");
+    }
+    let model = Transformer::<Autodiff<B>>::random(&architecture, 0, args.dtype.dtype(), device)?
+        .with_attention(args.attention.kernel());
     let tokens = args.batch * args.len;
     let ids: Vec<i64> = (0..tokens)
         .map(|i| ((i as u64 * 2_654_435_761) % architecture.vocab_size as u64) as i64)
         .collect();
     let ids = TensorData::new(ids, [args.batch, args.len]);
     eprintln!(
-        "{}: {} parameters, {} × {} tokens, {} timed steps per pass",
+        "{}: {} parameters ({} layers, vocabulary {}), {} × {} tokens, {} timed steps per pass",
         args.preset.name(),
         architecture.num_parameters(),
+        architecture.num_hidden_layers,
+        architecture.vocab_size,
         args.batch,
         args.len,
         args.steps
     );
-
-    let mut rows = Vec::new();
-    rows.push(measure::<B>(
+    let bench = Bench {
+        args,
         device,
-        "forward (inference)",
-        args.steps,
-        || {
-            let ids = Tensor::<B, 2, Int>::from_data(ids.clone(), device);
+        ids: &ids,
+    };
+    let rows = match args.attention {
+        AttentionArg::Both => attention_rows(&bench, &model)?,
+        _ => vec![
+            bench.inference(&model, "forward (inference)")?,
+            bench.training(&model, "forward + backward", false)?,
+            bench.training(&model, "forward + backward, checkpointing", true)?,
+        ],
+    };
+    print_rows::<B>(args, &architecture, device, place, &rows);
+    if let [tiled_inference, tiled, burn_inference, burn] = rows.as_slice() {
+        println!(
+            "\ntiled / burn's attention: training time {:.2}×, peak memory {:.3}×; inference \
+             time {:.2}×, peak memory {:.3}×",
+            tiled.seconds / burn.seconds,
+            tiled.peak as f64 / burn.peak.max(1) as f64,
+            tiled_inference.seconds / burn_inference.seconds,
+            tiled_inference.peak as f64 / burn_inference.peak.max(1) as f64,
+        );
+    }
+    Ok(())
+}
+
+/// `--attention both`: the inference forward and the training step with the tiled attention,
+/// then with burn's.
+fn attention_rows<B: DeviceMemory + XTokenBackend>(
+    bench: &Bench<'_, B>,
+    model: &Transformer<Autodiff<B>>,
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (kernel, name) in [
+        (AttentionKernel::Tiled, "tiled attention"),
+        (AttentionKernel::Burn, "burn's attention"),
+    ] {
+        let model = model.clone().with_attention(kernel);
+        rows.push(bench.inference(&model, &format!("forward (inference), {name}"))?);
+        rows.push(bench.training(&model, &format!("forward + backward, {name}"), false)?);
+    }
+    Ok(rows)
+}
+
+/// The passes of one run.
+struct Bench<'a, B: Backend> {
+    args: &'a ForwardBenchArgs,
+    device: &'a B::Device,
+    ids: &'a TensorData,
+}
+
+impl<B: DeviceMemory + XTokenBackend> Bench<'_, B> {
+    fn inference(&self, model: &Transformer<Autodiff<B>>, pass: &str) -> Result<Row> {
+        let inference = model.valid();
+        self.measure(pass.into(), || {
+            let ids = Tensor::<B, 2, Int>::from_data(self.ids.clone(), self.device);
             let logits = inference.forward(ids, None)?;
             let _ = logits.sum().into_data();
             Ok(())
-        },
-    )?);
-    for (pass, checkpointing) in [
-        ("forward + backward", false),
-        ("forward + backward, checkpointing", true),
-    ] {
-        rows.push(measure::<B>(device, pass, args.steps, || {
-            let ids = Tensor::<Autodiff<B>, 2, Int>::from_data(ids.clone(), device);
+        })
+    }
+
+    fn training(
+        &self,
+        model: &Transformer<Autodiff<B>>,
+        pass: &str,
+        checkpointing: bool,
+    ) -> Result<Row> {
+        self.measure(pass.into(), || {
+            let ids = Tensor::<Autodiff<B>, 2, Int>::from_data(self.ids.clone(), self.device);
             let tokens = Tokens::from_tensors(ids.clone(), None)?;
             let backward = model.forward_backward(&tokens, checkpointing, |model, hidden| {
                 next_token_loss(model, hidden, ids.clone())
             })?;
             let _ = backward.loss.into_data();
             Ok(())
-        })?);
+        })
     }
 
+    fn measure(&self, pass: String, mut step: impl FnMut() -> Result<()>) -> Result<Row> {
+        // Device pools keep what an earlier pass reserved; return it so each pass shows its own.
+        B::memory_cleanup(self.device);
+        for _ in 0..self.args.warmup {
+            step()?;
+        }
+        let base = alloc::current();
+        alloc::reset_peak();
+        let start = Instant::now();
+        for _ in 0..self.args.steps {
+            step()?;
+        }
+        let seconds = start.elapsed().as_secs_f64() / self.args.steps as f64;
+        let peak = match B::reserved_bytes(self.device) {
+            Some(reserved) => reserved as usize,
+            None => alloc::peak_above(base),
+        };
+        eprintln!("{pass}: {seconds:.2} s/step");
+        Ok(Row {
+            pass,
+            seconds,
+            peak,
+        })
+    }
+}
+
+fn print_rows<B: DeviceMemory>(
+    args: &ForwardBenchArgs,
+    architecture: &Architecture,
+    device: &B::Device,
+    place: &str,
+    rows: &[Row],
+) {
     let memory = if B::reserved_bytes(device).is_some() {
         "device memory reserved"
     } else {
@@ -162,6 +295,7 @@ fn run_on<B: DeviceMemory>(args: &ForwardBenchArgs, device: &B::Device, place: &
     };
     println!("| model | parameters | device, dtype | tokens/step | pass | s/step | tokens/s | {memory} |");
     println!("|---|---:|---|---:|---|---:|---:|---:|");
+    let tokens = args.batch * args.len;
     for row in rows {
         println!(
             "| {} | {:.0}M | {place}, {} | {} × {} | {} | {:.2} | {:.0} | {:.0} MiB |",
@@ -176,7 +310,6 @@ fn run_on<B: DeviceMemory>(args: &ForwardBenchArgs, device: &B::Device, place: &
             row.peak as f64 / (1024.0 * 1024.0)
         );
     }
-    Ok(())
 }
 
 /// Mean next-token cross-entropy of the logits (in f32); the gradient flows through the whole
@@ -193,32 +326,4 @@ fn next_token_loss<B: Backend>(
     let targets = ids.narrow(1, 1, len - 1).unsqueeze_dim::<3>(2);
     let picked = log_softmax(logits, 2).gather(2, targets);
     Ok(picked.sum().neg() / (batch * (len - 1)) as f64)
-}
-
-fn measure<B: DeviceMemory>(
-    device: &B::Device,
-    pass: &'static str,
-    steps: usize,
-    mut step: impl FnMut() -> Result<()>,
-) -> Result<Row> {
-    // Device pools keep what an earlier pass reserved; return it so each pass shows its own.
-    B::memory_cleanup(device);
-    step()?;
-    let base = alloc::current();
-    alloc::reset_peak();
-    let start = Instant::now();
-    for _ in 0..steps {
-        step()?;
-    }
-    let seconds = start.elapsed().as_secs_f64() / steps as f64;
-    let peak = match B::reserved_bytes(device) {
-        Some(reserved) => reserved as usize,
-        None => alloc::peak_above(base),
-    };
-    eprintln!("{pass}: {seconds:.2} s/step");
-    Ok(Row {
-        pass,
-        seconds,
-        peak,
-    })
 }

@@ -20,8 +20,8 @@ pub mod training;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use burn::tensor::backend::Backend;
 use indicatif::{ProgressBar, ProgressStyle};
+use xtoken_kernels::XTokenBackend;
 
 use crate::error::{Error, Result};
 use model::Scorable;
@@ -50,7 +50,7 @@ pub fn task_dir(data: &Path, task: &dyn Task) -> Result<PathBuf> {
 }
 
 /// Scores `model` on each task under `data` and reports the results.
-pub fn evaluate<B: Backend>(
+pub fn evaluate<B: XTokenBackend>(
     model: &Scorable<'_, B>,
     tasks: &[Box<dyn Task>],
     data: &Path,
@@ -88,7 +88,7 @@ pub fn prepare(
 }
 
 /// Scores `model` on one task's prepared requests.
-pub fn score<B: Backend>(
+pub fn score<B: XTokenBackend>(
     model: &Scorable<'_, B>,
     task: &dyn Task,
     items: &[task::Item],
@@ -112,7 +112,7 @@ pub fn score<B: Backend>(
 
 /// Every request's response: the log-likelihood requests in one batched pass, then the
 /// generations, with one progress bar over both.
-pub fn answer<B: Backend>(
+pub fn answer<B: XTokenBackend>(
     model: &Scorable<'_, B>,
     name: &str,
     requests: &[&Request],

@@ -8,6 +8,7 @@ use std::path::Path;
 use burn::tensor::backend::Backend;
 use burn::tensor::{activation::log_softmax, Bool, Int, Tensor, TensorData};
 use tokenizers::Tokenizer;
+use xtoken_kernels::XTokenBackend;
 use xtoken_models::{Greedy, Transformer};
 
 use crate::error::{Error, Result};
@@ -131,7 +132,7 @@ struct Scored {
     continuation: Vec<u32>,
 }
 
-impl<B: Backend> Scorable<'_, B> {
+impl<B: XTokenBackend> Scorable<'_, B> {
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self
             .tokenizer
@@ -258,7 +259,7 @@ impl<B: Backend> Scorable<'_, B> {
 /// `_loglikelihood_tokens`: inputs truncated on the left to the model's length, batched
 /// longest first, padded on the right; pairs with the same input (MMLU's four letters) share
 /// one pass. `progress` is told how many pairs each batch finished.
-pub fn token_loglikelihoods<B: Backend>(
+pub fn token_loglikelihoods<B: XTokenBackend>(
     model: &Transformer<B>,
     batch: usize,
     pairs: &[(Vec<u32>, Vec<u32>)],
@@ -294,7 +295,7 @@ pub fn token_loglikelihoods<B: Backend>(
     Ok(out)
 }
 
-fn score_batch<B: Backend>(
+fn score_batch<B: XTokenBackend>(
     model: &Transformer<B>,
     batch: &[(&[u32], Vec<usize>)],
     scored: &[Scored],

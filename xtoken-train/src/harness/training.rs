@@ -6,8 +6,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use burn::tensor::backend::Backend;
 use tokenizers::Tokenizer;
+use xtoken_kernels::XTokenBackend;
 use xtoken_models::Transformer;
 
 use super::model::{read_tokenizer, Scorable, SpecialTokens};
@@ -69,7 +69,7 @@ impl TrainingBenchmarks {
     }
 
     /// Scores `student` after `step` steps and records the results.
-    pub fn score<B: Backend>(
+    pub fn score<B: XTokenBackend>(
         &mut self,
         step: u64,
         student: &Transformer<B>,

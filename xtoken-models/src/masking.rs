@@ -1,0 +1,100 @@
+//! Which keys each query of a pass sees, and which attention computes it: X-Token's tiled
+//! attention (`xtoken_kernels::attention`: the mask described, never a `[batch, heads, T, T]`
+//! tensor, with its own backward) or burn's `attention` with a mask tensor. Under autodiff
+//! burn's runs naively and keeps several `T × T` buffers per layer for its backward, so a
+//! training pass takes the tiled one wherever the backend runs it in place; so does inference,
+//! unless the backend's own forward is fused.
+
+use std::sync::Arc;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Tensor, TensorData};
+use xtoken_kernels::attention::AttentionSpec;
+use xtoken_kernels::XTokenBackend;
+
+/// The attention a model's passes run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// The tiled attention on the backends that run it in place (the CPU backends), except for
+    /// inference where burn's forward is fused (burn-flex's: faster there, and it keeps no
+    /// `T × T` scores either); burn's on the GPU backends until they have a kernel of their own.
+    #[default]
+    Auto,
+    /// The tiled attention on every backend (a GPU backend computes it on the host).
+    Tiled,
+    /// burn's `attention`, with a mask tensor where plain causal masking does not suffice.
+    Burn,
+}
+
+impl AttentionKernel {
+    /// Whether a pass on `B` runs the tiled attention.
+    pub fn tiled_on<B: XTokenBackend>(self, device: &B::Device) -> bool {
+        match self {
+            AttentionKernel::Auto => {
+                B::xt_attention_native() && (B::ad_enabled(device) || !B::burn_attention_fused())
+            }
+            AttentionKernel::Tiled => true,
+            AttentionKernel::Burn => false,
+        }
+    }
+}
+
+/// How one pass's queries see its keys.
+#[derive(Clone, Debug)]
+pub enum Masking<B: Backend> {
+    /// The tiled attention, with the mask it describes.
+    Tiled(AttentionSpec),
+    /// burn's attention: `mask` `[batch, 1, queries, keys]` is `true` where a query may not see
+    /// a key; without it, `causal` says whether query `i` sees keys `0..=i` only (else every key).
+    Burn {
+        mask: Option<Tensor<B, 4, Bool>>,
+        causal: bool,
+    },
+}
+
+impl<B: Backend> Masking<B> {
+    /// A causal pass over `len` positions of `batch` rows: padded keys (`padded[row · len +
+    /// position]`) and keys at or beyond `window` positions back are hidden, for the attention
+    /// `tiled` asks for.
+    pub fn causal(
+        tiled: bool,
+        (batch, len): (usize, usize),
+        head_dim: usize,
+        padded: Option<&[bool]>,
+        window: Option<usize>,
+        device: &B::Device,
+    ) -> Self {
+        let window = window.filter(|&w| w < len);
+        if tiled {
+            return Masking::Tiled(AttentionSpec {
+                window,
+                key_padding: padded.map(Arc::from),
+                ..AttentionSpec::causal(head_dim)
+            });
+        }
+        if padded.is_none() && window.is_none() {
+            // Plain causal masking lets the backend pick its causal (flash) kernel.
+            return Masking::Burn {
+                mask: None,
+                causal: true,
+            };
+        }
+        let mut masked = Vec::with_capacity(batch * len * len);
+        for row in 0..batch {
+            for query in 0..len {
+                for key in 0..len {
+                    let padded = padded.is_some_and(|p| p[row * len + key]);
+                    let outside_window = window.is_some_and(|w| key + w <= query);
+                    masked.push(key > query || padded || outside_window);
+                }
+            }
+        }
+        Masking::Burn {
+            mask: Some(Tensor::from_data(
+                TensorData::new(masked, [batch, 1, len, len]),
+                device,
+            )),
+            causal: false,
+        }
+    }
+}
