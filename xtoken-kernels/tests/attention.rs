@@ -1,8 +1,8 @@
 //! `XTokenBackend::xt_attention` on the CPU: its output equals an f64 loop over the full score
 //! matrix, and its gradients (through `Autodiff<NdArray>`) equal those of burn's naive attention
-//! computed in f64 //! (the scores materialized, the mask a tensor, the KV heads repeated) for every mask kind:
-//! causal, padded keys, a sliding window, grouped KV heads, queries after a cache; they also
-//! match finite differences, and a row that sees no key gives zeros, not NaN.
+//! computed in f64 (the scores materialized, the mask a tensor, the KV heads repeated) for every
+//! mask kind: causal, padded keys, a sliding window, grouped KV heads, queries after a cache;
+//! they also match finite differences, and a row that sees no key gives zeros, not NaN.
 
 use std::sync::Arc;
 

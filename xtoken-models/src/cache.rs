@@ -7,7 +7,7 @@
 //! its neighbours. Padded slots are hidden from every query.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor};
 use xtoken_kernels::XTokenBackend;
 
 use crate::error::{ModelError, Result};
@@ -75,23 +75,9 @@ impl<B: Backend> KvCache<B> {
                 causal: past == 0,
             };
         }
-        let mut masked = Vec::with_capacity(self.rows() * n * total);
-        for &start in &self.starts {
-            for i in 0..n {
-                let query = past + i;
-                for key in 0..total {
-                    let outside_window = window.is_some_and(|w| key + w <= query);
-                    masked.push(key > query || key < start || outside_window);
-                }
-            }
-        }
-        Masking::Burn {
-            mask: Some(Tensor::from_data(
-                TensorData::new(masked, [self.rows(), 1, n, total]),
-                device,
-            )),
-            causal: false,
-        }
+        let starts = &self.starts;
+        let left_padding = |row: usize, key: usize| key < starts[row];
+        Masking::burn_mask(self.rows(), (n, total), window, left_padding, device)
     }
 }
 

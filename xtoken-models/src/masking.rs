@@ -79,19 +79,33 @@ impl<B: Backend> Masking<B> {
                 causal: true,
             };
         }
-        let mut masked = Vec::with_capacity(batch * len * len);
-        for row in 0..batch {
-            for query in 0..len {
-                for key in 0..len {
-                    let padded = padded.is_some_and(|p| p[row * len + key]);
+        let hidden = |row: usize, key: usize| padded.is_some_and(|p| p[row * len + key]);
+        Self::burn_mask(batch, (len, len), window, hidden, device)
+    }
+
+    /// burn's mask for `queries` positions that are the last of `keys`: `[rows, 1, queries,
+    /// keys]`, `true` where a query may not see a key — the future, the keys `hidden(row, key)`
+    /// names, and keys at or beyond `window` positions back.
+    pub(crate) fn burn_mask(
+        rows: usize,
+        (queries, keys): (usize, usize),
+        window: Option<usize>,
+        hidden: impl Fn(usize, usize) -> bool,
+        device: &B::Device,
+    ) -> Self {
+        let mut masked = Vec::with_capacity(rows * queries * keys);
+        for row in 0..rows {
+            for i in 0..queries {
+                let query = keys - queries + i;
+                for key in 0..keys {
                     let outside_window = window.is_some_and(|w| key + w <= query);
-                    masked.push(key > query || padded || outside_window);
+                    masked.push(key > query || hidden(row, key) || outside_window);
                 }
             }
         }
         Masking::Burn {
             mask: Some(Tensor::from_data(
-                TensorData::new(masked, [batch, 1, len, len]),
+                TensorData::new(masked, [rows, 1, queries, keys]),
                 device,
             )),
             causal: false,
