@@ -8,10 +8,12 @@
 //! window, and padded keys per sequence. Grouped KV heads are read in place: query head `h`
 //! reads KV head `h / (H / H_kv)`.
 //!
-//! This module is the portable host implementation every backend gets through
-//! [`crate::XTokenBackend::xt_attention`]: the inputs are read to f32 once (any float dtype),
-//! each query row is computed with an O(`T_k`) scratch row per thread, and the results are
-//! uploaded in the inputs' dtypes. `Autodiff<B>` wraps it with the backward.
+//! This module holds the spec, its checks and the portable host implementation every backend
+//! gets through [`crate::XTokenBackend::xt_attention`]: the inputs are read to f32 once (any
+//! float dtype), each query row is computed with an O(`T_k`) scratch row per thread, and the
+//! results are uploaded in the inputs' dtypes. burn's `CubeBackend` (CUDA, wgpu) runs the same
+//! algorithm in cubecl kernels instead (module `cube`, feature `cuda` or `wgpu`). `Autodiff<B>`
+//! wraps either with the backward.
 
 use std::sync::Arc;
 
@@ -53,8 +55,9 @@ impl AttentionSpec {
 pub struct Attended<B: Backend> {
     /// `[batch, heads, T_q, head_dim]`, in the queries' dtype.
     pub output: FloatTensor<B>,
-    /// Each query row's log-sum-exp of its scaled scores, `[batch, heads, T_q]`, f32 (−∞ for
-    /// a row that sees no key; its output is 0).
+    /// Each query row's log-sum-exp of its scaled scores, `[batch, heads, T_q]`, f32
+    /// (`f32::MIN` for a row that sees no key, on every backend: a device kernel has no
+    /// infinity; its output is 0).
     pub lse: FloatTensor<B>,
 }
 
@@ -71,17 +74,22 @@ pub struct AttentionGrads<B: Backend> {
 
 /// The sizes of one attention call, checked.
 #[derive(Debug, Clone, Copy)]
-struct Dims {
-    batch: usize,
-    heads: usize,
-    kv_heads: usize,
-    queries: usize,
-    keys: usize,
-    head_dim: usize,
+pub(crate) struct Dims {
+    pub(crate) batch: usize,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) queries: usize,
+    pub(crate) keys: usize,
+    pub(crate) head_dim: usize,
 }
 
 impl Dims {
-    fn of(q: &Shape, k: &Shape, v: &Shape, spec: &AttentionSpec) -> Result<Self, KernelError> {
+    pub(crate) fn of(
+        q: &Shape,
+        k: &Shape,
+        v: &Shape,
+        spec: &AttentionSpec,
+    ) -> Result<Self, KernelError> {
         let four = |what, s: &Shape| match s.as_slice() {
             &[a, b, c, d] => Ok([a, b, c, d]),
             _ => Err(KernelError::Shape {
@@ -115,6 +123,12 @@ impl Dims {
                 why: format!("{queries} queries over {keys} keys: the queries are the last keys"),
             });
         }
+        if spec.window == Some(0) {
+            return Err(KernelError::Invalid {
+                what: "attention window",
+                why: "a window of 0 keys hides every key".into(),
+            });
+        }
         if let Some(padding) = &spec.key_padding {
             if padding.len() != batch * keys {
                 return Err(KernelError::Shape {
@@ -135,7 +149,7 @@ impl Dims {
     }
 
     /// The query heads each KV head serves.
-    fn group(&self) -> usize {
+    pub(crate) fn group(&self) -> usize {
         self.heads / self.kv_heads
     }
 
@@ -269,7 +283,7 @@ pub fn forward<B: Backend>(
     };
     let rows = d.batch * d.heads * d.queries;
     let mut output = vec![0.0f32; rows * d.head_dim];
-    let mut lse = vec![f32::NEG_INFINITY; rows];
+    let mut lse = vec![f32::MIN; rows];
     output
         .par_chunks_mut(d.head_dim.max(1))
         .zip(lse.par_iter_mut())

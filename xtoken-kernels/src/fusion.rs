@@ -2,7 +2,7 @@
 //! `fusion` feature is on (its default). The operations are not fused: their inputs are resolved
 //! to the inner backend's tensors (this drains the fusion stream, on the device), `B` runs its
 //! kernels, and the results are registered back as fusion tensors. Errors surface at the call,
-//! as on `B`.
+//! as on `B`. The attention is delegated the same way, forward and backward.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::TensorMetadata;
@@ -12,6 +12,7 @@ use burn_fusion::{Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr, OperationOutput};
 
 use crate::adamw::{AdamWStep, AdamWUpdate, Moments};
+use crate::attention::{Attended, AttentionGrads, AttentionSaved, AttentionSpec};
 use crate::{
     DistillSpec, EntriesSpec, GradRequest, KernelError, LossOutput, ProjectionTensors,
     TeacherEntries, XTokenBackend,
@@ -107,6 +108,54 @@ impl<B: FusionBackend + XTokenBackend> XTokenBackend for Fusion<B> {
         let client = logits.client.clone();
         let out = B::xt_cross_entropy(inner_float::<B>(logits), targets, row_chunk, want_grad)?;
         Ok(outer_output::<B>(&client, out))
+    }
+
+    fn xt_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spec: &AttentionSpec,
+    ) -> Result<Attended<Self>, KernelError> {
+        let client = q.client.clone();
+        let found = B::xt_attention(
+            inner_float::<B>(q),
+            inner_float::<B>(k),
+            inner_float::<B>(v),
+            spec,
+        )?;
+        Ok(Attended {
+            output: outer_float::<B>(&client, found.output),
+            lse: outer_float::<B>(&client, found.lse),
+        })
+    }
+
+    fn xt_attention_native() -> bool {
+        B::xt_attention_native()
+    }
+
+    fn burn_attention_fused() -> bool {
+        B::burn_attention_fused()
+    }
+
+    fn xt_attention_backward(
+        saved: AttentionSaved<Self>,
+        grad_output: FloatTensor<Self>,
+        spec: &AttentionSpec,
+    ) -> Result<AttentionGrads<Self>, KernelError> {
+        let client = grad_output.client.clone();
+        let saved = AttentionSaved {
+            q: inner_float::<B>(saved.q),
+            k: inner_float::<B>(saved.k),
+            v: inner_float::<B>(saved.v),
+            output: inner_float::<B>(saved.output),
+            lse: inner_float::<B>(saved.lse),
+        };
+        let found = B::xt_attention_backward(saved, inner_float::<B>(grad_output), spec)?;
+        Ok(AttentionGrads {
+            q: outer_float::<B>(&client, found.q),
+            k: outer_float::<B>(&client, found.k),
+            v: outer_float::<B>(&client, found.v),
+        })
     }
 
     /// The inner backend's update (one kernel), not burn's fusion of the composed ops: its

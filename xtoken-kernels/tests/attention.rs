@@ -307,4 +307,9 @@ fn shapes_that_do_not_fit_are_named() {
     let [q, k, v, _] = inputs(&case);
     let e = A::xt_attention(p(q), p(k), p(v), &case.spec).unwrap_err();
     assert!(e.to_string().contains("causal attention"), "{e}");
+    let mut case = Case::new(2, 2, 4, 4);
+    case.spec.window = Some(0);
+    let [q, k, v, _] = inputs(&case);
+    let e = A::xt_attention(p(q), p(k), p(v), &case.spec).unwrap_err();
+    assert!(e.to_string().contains("attention window"), "{e}");
 }

@@ -15,12 +15,13 @@ use xtoken_kernels::XTokenBackend;
 /// The attention a model's passes run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// The tiled attention on the backends that run it in place (the CPU backends), except for
-    /// inference where burn's forward is fused (burn-flex's: faster there, and it keeps no
-    /// `T × T` scores either); burn's on the GPU backends until they have a kernel of their own.
+    /// The tiled attention wherever the backend runs it in place (the host version on the CPU
+    /// backends, cubecl kernels on CUDA and wgpu), except for inference where burn's forward is
+    /// fused (burn-flex's, and the GPU backends' flash kernel: they keep no `T × T` scores
+    /// either).
     #[default]
     Auto,
-    /// The tiled attention on every backend (a GPU backend computes it on the host).
+    /// The tiled attention on every backend, inference included.
     Tiled,
     /// burn's `attention`, with a mask tensor where plain causal masking does not suffice.
     Burn,

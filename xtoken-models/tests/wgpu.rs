@@ -1,14 +1,14 @@
-//! The models on a cubecl backend: burn's wgpu (Mesa lavapipe on CPU in CI), where the attention
-//! takes burn's causal kernel path and half-precision parameters exist. Run with
-//! `--features wgpu`.
+//! The models on a cubecl backend: burn's wgpu (Mesa lavapipe on CPU in CI), where inference
+//! takes burn's fused attention, a training pass X-Token's attention kernels, and
+//! half-precision parameters exist. Run with `--features wgpu`.
 #![cfg(feature = "wgpu")]
 
 mod support;
 
-use burn::backend::Wgpu;
+use burn::backend::{Autodiff, Wgpu};
 use burn::tensor::DType;
-use support::{fixture, max_logit, worst_difference};
-use xtoken_models::{LoadOptions, Transformer};
+use support::{fixture, max_logit, training_step, worst_difference};
+use xtoken_models::{AttentionKernel, LoadOptions, Transformer};
 
 type B = Wgpu;
 
@@ -44,5 +44,52 @@ fn f16_parameters_on_wgpu_stay_close() {
             worst > 0.0 && worst <= bound,
             "{case}: max |Δ| {worst:.2e} (bound {bound:.2e})"
         );
+    }
+}
+
+/// A fixture model on `Autodiff<Wgpu>` running `kernel`, its sliding window set when given.
+fn trained(case: &str, kernel: AttentionKernel, window: Option<usize>) -> Transformer<Autodiff<B>> {
+    let device = Default::default();
+    let mut model = Transformer::<Autodiff<B>>::load(&fixture(case), &device)
+        .unwrap()
+        .with_attention(kernel);
+    if window.is_some() {
+        model.architecture.sliding_window = window;
+    }
+    model
+}
+
+/// A training pass on the device takes the attention kernels (no `T × T` scores), inference
+/// burn's fused forward; the kernels' loss and gradients equal those of burn's attention on the
+/// same backend within f32 rounding, for every mask the models make.
+#[test]
+fn a_training_pass_on_wgpu_runs_the_attention_kernels_as_burns_trains() {
+    let device = Default::default();
+    assert!(trained("llama3", AttentionKernel::Auto, None).tiled_attention());
+    assert!(!Transformer::<B>::load(&fixture("llama3"), &device)
+        .unwrap()
+        .tiled_attention());
+    for (case, padded, window) in [
+        ("llama3", true, None),
+        ("qwen3", true, None),
+        ("phi3", true, Some(5)),
+        ("phi3", false, Some(3)),
+    ] {
+        let what = format!("{case} (padded: {padded}, window: {window:?})");
+        let burn = training_step(&trained(case, AttentionKernel::Burn, window), padded, false);
+        let ours = training_step(&trained(case, AttentionKernel::Auto, window), padded, false);
+        assert!(
+            (ours.0 - burn.0).abs() <= 1e-5 * burn.0.abs(),
+            "{what}: loss {} vs burn's {}",
+            ours.0,
+            burn.0
+        );
+        for (i, (a, b)) in ours.1.iter().zip(&burn.1).enumerate() {
+            let name = format!("{what}: parameter {i}");
+            let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+            let scale = xtoken_testkit::max_abs(&name, b).max(1e-6);
+            let error = xtoken_testkit::max_abs_diff(&name, b, a) / scale;
+            assert!(error <= 5e-4, "{name}: relative difference {error:.2e}");
+        }
     }
 }

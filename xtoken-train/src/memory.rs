@@ -146,9 +146,10 @@ fn padded_context(config: &RunConfig, kind: DeviceKind) -> u64 {
 
 /// The student's pass over one micro-batch: the residual stream in the parameters' dtype
 /// (`params` bytes), the projections, the attention and the MLP in the compute dtype, and the
-/// logits with their gradients. The CPU backends train with the tiled attention, which keeps no
-/// scores: its f32 copies of the queries, keys, values and output count instead. burn's
-/// attention (the GPU backends) keeps about three `T × T` score buffers per layer.
+/// logits with their gradients. Every backend trains with X-Token's attention, which keeps no
+/// scores: on the CPU backends its f32 copies of the queries, keys, values and output count; on
+/// a GPU the queries, keys, values and output it keeps for its backward (in the compute dtype)
+/// and each query row's f32 log-sum-exp.
 fn student_activations(
     config: &RunConfig,
     s: &Architecture,
@@ -160,9 +161,10 @@ fn student_activations(
     let (micro, context) = (t.micro_batch as u64, padded_context(config, kind));
     let tokens = micro * context;
     let boundary = tokens * s.hidden_size as u64 * params;
+    let heads = s.num_attention_heads as u64;
     let attention = match kind.on_host() {
-        true => 4 * tokens * (s.num_attention_heads * s.head_dim) as u64 * 4,
-        false => 3 * micro * s.num_attention_heads as u64 * context * context * compute,
+        true => 4 * tokens * heads * s.head_dim as u64 * 4,
+        false => tokens * (4 * heads * s.head_dim as u64 * compute + 4 * heads),
     };
     let mlp = tokens * s.intermediate_size as u64 * compute;
     let one_layer = attention + 8 * boundary + 3 * mlp;

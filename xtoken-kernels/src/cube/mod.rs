@@ -12,8 +12,9 @@
 //! 5. `scaled_sum`: the loss.
 //!
 //! Steps 1, 2, 4 and 5 are the shared launch context (`distill`); `launch` holds the launcher
-//! and the helpers every launch uses, `teacher` the teacher's top-K, `ce` the cross-entropy
-//! and `adamw` the optimizer's fused update. The host does what is O(slots), O(|W|) or O(V):
+//! and the helpers every launch uses, `teacher` the teacher's top-K, `ce` the cross-entropy,
+//! `adamw` the optimizer's fused update and `attention` the models' attention with its
+//! backward (four launches of their own, none of them `T × T`). The host does what is O(slots), O(|W|) or O(V):
 //! it checks the plan, lays it out as arrays, transposes W's indices (a counting sort, done
 //! once when W comes with its [`crate::layout::ProjectionLayout`]) and uploads the common
 //! set's tables. It reads back per-row flags and the loss value to report non-finite rows by
@@ -21,6 +22,7 @@
 //! counts these reads).
 
 mod adamw;
+mod attention;
 mod ce;
 mod distill;
 mod hybrid;
@@ -39,6 +41,7 @@ use crate::spec::{DistillSpec, EntriesSpec, GradRequest};
 use crate::{LossOutput, ProjectionTensors, TeacherEntries, XTokenBackend};
 use distill::Evaluation;
 
+pub use attention::shared_bytes as attention_shared_bytes;
 pub use kernels::BLOCK;
 pub use launch::reads;
 
@@ -82,6 +85,32 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> XTokenBack
         want_grad: bool,
     ) -> Result<LossOutput<Self>, KernelError> {
         ce::evaluate::<Self, R>(logits, targets, want_grad)
+    }
+
+    fn xt_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spec: &crate::attention::AttentionSpec,
+    ) -> Result<crate::attention::Attended<Self>, KernelError> {
+        attention::forward::<Self, R>(q, k, v, spec)
+    }
+
+    fn xt_attention_native() -> bool {
+        true
+    }
+
+    /// burn's cube attention forward is a flash kernel (cubek-attention).
+    fn burn_attention_fused() -> bool {
+        true
+    }
+
+    fn xt_attention_backward(
+        saved: crate::attention::AttentionSaved<Self>,
+        grad_output: FloatTensor<Self>,
+        spec: &crate::attention::AttentionSpec,
+    ) -> Result<crate::attention::AttentionGrads<Self>, KernelError> {
+        attention::backward::<Self, R>(saved, grad_output, spec)
     }
 
     fn xt_adamw(

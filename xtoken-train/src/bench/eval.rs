@@ -69,6 +69,12 @@ pub fn run(args: EvalBenchArgs) -> Result<()> {
         DeviceArg::Cuda => {
             bail!("this xtoken was built without CUDA; rebuild with --features cuda")
         }
+        #[cfg(feature = "wgpu")]
+        DeviceArg::Wgpu => run_on::<burn::backend::Wgpu>(&args, &Default::default(), "wgpu"),
+        #[cfg(not(feature = "wgpu"))]
+        DeviceArg::Wgpu => {
+            bail!("this xtoken was built without wgpu; rebuild with --features wgpu")
+        }
     }
 }
 

@@ -4,8 +4,9 @@
 //! inference forward and the training step with the tiled attention and with burn's, and
 //! prints their ratios (one layer
 //! and a small vocabulary, `--layers 1 --vocab 256`, isolate a layer). On CPU (ndarray) the peak
-//! is the heap the counting allocator saw above the weights; on CUDA (`--features cuda`,
-//! `--device cuda`) it is the memory the device pools reserved, weights included.
+//! is the heap the counting allocator saw above the weights; on CUDA and wgpu (`--features
+//! cuda` or `wgpu`, `--device cuda|wgpu`) it is the memory the device pools reserved, weights
+//! included.
 
 use std::time::Instant;
 
@@ -122,6 +123,8 @@ pub enum DeviceArg {
     /// burn-flex: the CPU with f16 and bf16.
     Flex,
     Cuda,
+    /// burn's wgpu backend (Vulkan, Metal; Mesa lavapipe on a machine without a GPU).
+    Wgpu,
 }
 
 struct Row {
@@ -143,6 +146,12 @@ pub fn run(args: ForwardBenchArgs) -> Result<()> {
         #[cfg(not(feature = "cuda"))]
         DeviceArg::Cuda => {
             bail!("this xtoken was built without CUDA; rebuild with --features cuda")
+        }
+        #[cfg(feature = "wgpu")]
+        DeviceArg::Wgpu => run_on::<burn::backend::Wgpu>(&args, &Default::default(), "wgpu"),
+        #[cfg(not(feature = "wgpu"))]
+        DeviceArg::Wgpu => {
+            bail!("this xtoken was built without wgpu; rebuild with --features wgpu")
         }
     }
 }
