@@ -36,6 +36,19 @@ pub struct Mask {
     pub padded: u32,
 }
 
+/// The mask of a launch, from its scalars.
+#[cube]
+fn mask_of(queries: usize, keys: usize, causal: u32, window: usize, padded: u32) -> Mask {
+    Mask {
+        offset: keys - queries,
+        queries,
+        keys,
+        causal,
+        window,
+        padded,
+    }
+}
+
 /// The first key query row `i` may see.
 #[cube]
 fn first_key(mask: &Mask, i: usize) -> usize {
@@ -232,14 +245,7 @@ pub fn attention_forward<F: Float>(
     if CUBE_POS >= cubes {
         terminate!();
     }
-    let mask = Mask {
-        offset: keys - queries,
-        queries,
-        keys,
-        causal,
-        window,
-        padded,
-    };
+    let mask = mask_of(queries, keys, causal, window, padded);
     let bh = CUBE_POS / blocks;
     let i0 = (CUBE_POS % blocks) * ROWS;
     let b = bh / heads;
@@ -396,14 +402,7 @@ pub fn attention_grad_q<F: Float>(
     if CUBE_POS >= cubes {
         terminate!();
     }
-    let mask = Mask {
-        offset: keys - queries,
-        queries,
-        keys,
-        causal,
-        window,
-        padded,
-    };
+    let mask = mask_of(queries, keys, causal, window, padded);
     let bh = CUBE_POS / blocks;
     let i0 = (CUBE_POS % blocks) * ROWS;
     let b = bh / heads;
@@ -537,14 +536,7 @@ pub fn attention_grad_kv<F: Float>(
     if CUBE_POS >= cubes {
         terminate!();
     }
-    let mask = Mask {
-        offset: keys - queries,
-        queries,
-        keys,
-        causal,
-        window,
-        padded,
-    };
+    let mask = mask_of(queries, keys, causal, window, padded);
     let kv = CUBE_POS / blocks;
     let j0 = (CUBE_POS % blocks) * ROWS;
     let kv_heads = heads / group;
