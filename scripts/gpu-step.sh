@@ -2,7 +2,8 @@
 # The GPU figures of one training step in one command, for a machine that has only the xtoken
 # binary and the tokenizers: the phase profile of `xtoken bench train` (Llama-3.2-1B-shaped
 # student <- Qwen3-4B-shaped teacher, P-KL, 1 x 4096 tokens, top-K 8192) computing in f32 and in
-# bf16 (f32 master weights: mixed precision), `bench forward` in bf16
+# bf16 (f32 master weights: mixed precision), the bf16 part's first step again with the kernel
+# cache the first parts filled (cold against warm), `bench forward` in bf16
 # (forward, forward + backward) and `bench kernels`, each under its own time limit, written as
 # they finish into OUT/report.md and OUT/report.json (with each run's own output beside them).
 # The random models are made once, in a temporary directory removed at the end; the first
@@ -104,13 +105,20 @@ fi
 # Both training parts share one work directory: the random models are made once, by the first.
 work="$(mktemp -d "${TMPDIR:-/tmp}/xtoken-gpu-step.XXXXXX")" || exit 2
 trap 'rm -rf "$work"' EXIT
-for compute in f32 bf16; do
-    part "train-$compute" "$xtoken" bench train --device "$train_device" --work-dir "$work" \
+# cubecl's kernel cache starts empty, so the first step of each training part is a cold one;
+# `train-bf16-warm` runs the bf16 part's first step again with the cache it left.
+export XTOKEN_KERNEL_CACHE="$work/kernel-cache"
+train() {
+    local name=$1 compute=$2 steps=$3
+    part "$name" "$xtoken" bench train --device "$train_device" --work-dir "$work" \
         --student-tokenizer "$tokenizers/llama-3.2" --teacher-tokenizer "$tokenizers/qwen3" \
         --student "$student" --teacher "$teacher" --loss pkl --context "$context" \
         --top-k "$top_k" --steps "$steps" --compute-dtype "$compute" --profile \
-        --json "$out/train-$compute.json"
-done
+        --json "$out/$name.json"
+}
+train train-f32 f32 "$steps"
+train train-bf16 bf16 "$steps"
+train train-bf16-warm bf16 1
 part forward "$xtoken" bench forward --device "$forward_device" --preset "$preset" --len "$len" \
     --dtype "$forward_dtype"
 part kernels "$xtoken" bench kernels "${kernels[@]}"
@@ -120,12 +128,12 @@ part kernels "$xtoken" bench kernels "${kernels[@]}"
     echo "  \"device\": \"$device\","
     echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%MZ)\","
     echo "  \"parts\": {$(IFS=,; echo "${status[*]}")},"
-    for compute in f32 bf16; do
-        [ "$compute" = bf16 ] && echo ","
-        if [ -s "$out/train-$compute.json" ]; then
-            echo "  \"train_$compute\": $(cat "$out/train-$compute.json")"
+    for name in train-f32 train-bf16 train-bf16-warm; do
+        [ "$name" = train-f32 ] || echo ","
+        if [ -s "$out/$name.json" ]; then
+            echo "  \"${name//-/_}\": $(cat "$out/$name.json")"
         else
-            echo "  \"train_$compute\": null"
+            echo "  \"${name//-/_}\": null"
         fi
     done
     echo "}"

@@ -1,31 +1,101 @@
-//! How many kernels cubecl has compiled: a profile names the phases that compile (the first
-//! step's, and any later one that should not). cubecl logs each compilation, at its basic level
-//! one line, to the file [`watch`] names; it reports no compile times. Without a cubecl backend
-//! in the build nothing is counted.
+//! cubecl's kernel compilations: kept on disk between runs, and counted.
+//!
+//! cubecl reads its configuration once per process, at the first use of a device; [`configure`]
+//! writes it before that, with two things of ours:
+//! - **The kernel cache** ([`KernelCache`]): the autotune results (which kernel won for each
+//!   shape class) and, on CUDA, the compiled PTX, in one directory, so that a second run skips
+//!   the autotuning and the compiler. cubecl keeps one file per device and kernel family there
+//!   and locks a file while it writes it, so processes (the ranks of a run, several runs) may
+//!   share one directory, on a shared file system too. On wgpu only the autotune results are
+//!   kept (cubecl 0.10 keeps compiled kernels for its SPIR-V path alone, which the build does
+//!   not use).
+//! - **The compilation log** a profile counts (the first step's compilations, and any later
+//!   one that should not be): at its basic level cubecl logs one line per compiled kernel,
+//!   naming it; it reports no compile times.
+//!
+//! Without a cubecl backend in the build nothing is configured or counted.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// Starts counting the kernels cubecl compiles, logging them to `log` (made empty). Must come
-/// before a GPU device is first used: cubecl reads its configuration once. `false` (nothing
-/// counted) when it has read it already, when the user's configuration (`cubecl.toml`,
-/// `CUBECL_DEBUG_LOG`) logs compilations itself, or without a cubecl backend in the build.
-pub fn watch(log: &Path) -> bool {
-    #[cfg(feature = "cube")]
-    {
-        cube::watch(log)
+/// The environment variable that names the kernel cache's directory (`off`: cubecl's own
+/// configuration, `cubecl.toml` or its defaults, decides).
+pub const CACHE_VARIABLE: &str = "XTOKEN_KERNEL_CACHE";
+
+/// Where cubecl keeps its autotune results and compiled kernels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KernelCache {
+    /// In this directory (made when missing).
+    Dir(PathBuf),
+    /// Wherever cubecl's own configuration says.
+    Cubecl,
+}
+
+impl KernelCache {
+    /// From [`CACHE_VARIABLE`]: a directory, `off`, or unset for [`KernelCache::default_dir`]
+    /// (`Cubecl` when there is no home directory to put it in).
+    pub fn from_env() -> Self {
+        match std::env::var_os(CACHE_VARIABLE) {
+            Some(v) if v == "off" => Self::Cubecl,
+            Some(v) if !v.is_empty() => Self::Dir(PathBuf::from(v)),
+            _ => Self::default_dir().map_or(Self::Cubecl, Self::Dir),
+        }
     }
-    #[cfg(not(feature = "cube"))]
-    {
-        let _ = log;
-        false
+
+    /// `$XDG_CACHE_HOME/xtoken/kernels`, else `$HOME/.cache/xtoken/kernels`.
+    pub fn default_dir() -> Option<PathBuf> {
+        let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+            Some(dir) => PathBuf::from(dir),
+            None => {
+                PathBuf::from(std::env::var_os("HOME").filter(|v| !v.is_empty())?).join(".cache")
+            }
+        };
+        Some(base.join("xtoken").join("kernels"))
     }
 }
 
-/// Kernels compiled since [`watch`] started counting; `None` when nothing is counted.
-pub fn count() -> Option<u64> {
+/// What [`configure`] set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Configured {
+    /// cubecl keeps its autotune results and compiled kernels in the [`KernelCache::Dir`].
+    pub cache: bool,
+    /// The compilations are counted ([`count`], [`kernels`]).
+    pub counting: bool,
+}
+
+/// Writes cubecl's configuration: `cache`, and with `log` the compilation log (made empty) that
+/// [`count`] reads. Must come before a GPU device is first used; a second call, or one after
+/// cubecl has read its configuration, changes nothing and returns all `false`. The log is not
+/// counted when the user's configuration (`cubecl.toml`, `CUBECL_DEBUG_LOG`) logs compilations
+/// itself or the file cannot be made; the cache is not set when its directory cannot be made.
+pub fn configure(cache: &KernelCache, log: Option<&Path>) -> Configured {
     #[cfg(feature = "cube")]
     {
-        cube::count()
+        cube::configure(cache, log)
+    }
+    #[cfg(not(feature = "cube"))]
+    {
+        let _ = (cache, log);
+        Configured::default()
+    }
+}
+
+/// Starts counting the kernels cubecl compiles, logging them to `log`, with the kernel cache of
+/// [`KernelCache::from_env`]: [`configure`]'s `counting`.
+pub fn watch(log: &Path) -> bool {
+    configure(&KernelCache::from_env(), Some(log)).counting
+}
+
+/// Kernels compiled since [`configure`] started counting; `None` when nothing is counted.
+pub fn count() -> Option<u64> {
+    kernels().map(|names| names.len() as u64)
+}
+
+/// The names of the kernels compiled since [`configure`] started counting, in order (a kernel
+/// compiled twice, say for two dtypes, appears twice); `None` when nothing is counted.
+pub fn kernels() -> Option<Vec<String>> {
+    #[cfg(feature = "cube")]
+    {
+        cube::kernels()
     }
     #[cfg(not(feature = "cube"))]
     {
@@ -38,8 +108,11 @@ mod cube {
     use std::path::{Path, PathBuf};
     use std::sync::{Arc, OnceLock};
 
+    use cubecl::config::cache::CacheConfig;
     use cubecl::config::compilation::CompilationLogLevel;
     use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+
+    use super::{Configured, KernelCache};
 
     /// The log being counted.
     static LOG: OnceLock<PathBuf> = OnceLock::new();
@@ -47,29 +120,44 @@ mod cube {
     /// How cubecl starts a line of its basic compilation log.
     const LINE: &str = "[Compiling kernel]";
 
-    pub(super) fn watch(log: &Path) -> bool {
+    pub(super) fn configure(cache: &KernelCache, log: Option<&Path>) -> Configured {
         // Held while the configuration is made, so that no device reads it in between.
         let mut stored = CubeClRuntimeConfig::storage().lock();
-        if stored.is_some() || LOG.get().is_some() {
-            return false;
+        if stored.is_some() {
+            return Configured::default();
         }
         let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+        let cached = match cache {
+            KernelCache::Dir(dir) => std::fs::create_dir_all(dir).is_ok(),
+            KernelCache::Cubecl => false,
+        };
+        if let (true, KernelCache::Dir(dir)) = (cached, cache) {
+            config.autotune.cache = CacheConfig::File(dir.clone());
+            config.compilation.cache = Some(CacheConfig::File(dir.clone()));
+        }
         let logger = &mut config.compilation.logger;
         // Every logger cubecl makes appends to one file that starts empty here.
-        let counting = matches!(logger.level, CompilationLogLevel::Disabled)
-            && std::fs::File::create(log).is_ok();
-        if counting {
+        let counting = log.is_some_and(|log| {
+            matches!(logger.level, CompilationLogLevel::Disabled)
+                && std::fs::File::create(log).is_ok()
+                && LOG.set(log.to_path_buf()).is_ok()
+        });
+        if let (true, Some(log)) = (counting, log) {
             logger.level = CompilationLogLevel::Basic;
             logger.file = Some(log.to_path_buf());
             logger.append = true;
         }
         *stored = Some(Arc::new(config));
-        counting && LOG.set(log.to_path_buf()).is_ok()
+        Configured {
+            cache: cached,
+            counting,
+        }
     }
 
-    pub(super) fn count() -> Option<u64> {
+    pub(super) fn kernels() -> Option<Vec<String>> {
         let log = LOG.get()?;
         let text = std::fs::read_to_string(log).ok()?;
-        Some(text.lines().filter(|l| l.starts_with(LINE)).count() as u64)
+        let names = text.lines().filter_map(|l| l.strip_prefix(LINE));
+        Some(names.map(|name| name.trim().to_string()).collect())
     }
 }

@@ -1,12 +1,14 @@
-//! cubecl's kernel compilations counted on wgpu (Mesa lavapipe on the CPU): its own test binary,
-//! because counting must start before any device of the process is used; a kernel launched over
-//! lengths the data decides compiles once.
+//! cubecl's kernel compilations counted and cached on wgpu (Mesa lavapipe on the CPU): its own
+//! test binary, because cubecl's configuration must be written before any device of the process
+//! is used; a kernel launched over lengths the data decides compiles once; the autotune results
+//! land in the kernel cache's directory.
 #![cfg(feature = "wgpu")]
 
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_wgpu::Wgpu;
 use xtoken_kernels::adamw::{AdamWStep, Moments};
-use xtoken_kernels::{compilations, XTokenBackend};
+use xtoken_kernels::compilations::{self, Configured, KernelCache};
+use xtoken_kernels::XTokenBackend;
 
 /// A new operation compiles kernels and is counted; the same operation again compiles none.
 #[test]
@@ -17,8 +19,14 @@ fn compilations_are_counted_once_per_kernel() {
         None,
         "nothing is counted before watch"
     );
-    assert!(compilations::watch(&log), "watch before any device is used");
-    assert!(!compilations::watch(&log), "one watch per process");
+    let cache = std::env::temp_dir().join(format!("xtoken-kernels-{}", std::process::id()));
+    let configured = compilations::configure(&KernelCache::Dir(cache.clone()), Some(&log));
+    let both = Configured {
+        cache: true,
+        counting: true,
+    };
+    assert_eq!(configured, both, "configured before any device is used");
+    assert!(!compilations::watch(&log), "one configuration per process");
     let device = Default::default();
     let run = || {
         let x = Tensor::<Wgpu, 2>::ones([64, 96], &device);
@@ -36,11 +44,40 @@ fn compilations_are_counted_once_per_kernel() {
     let second = compilations::count().expect("counting");
     assert_eq!(second, first, "the same operation compiled again");
     element_wise_kernels_compile_once_for_any_length(&device);
+    autotune_results_are_kept_in_the_cache(&device, &cache);
     std::fs::remove_file(&log).ok();
+    std::fs::remove_dir_all(&cache).ok();
+}
+
+/// A matmul is autotuned; its result is written under the kernel cache's directory.
+fn autotune_results_are_kept_in_the_cache(device: &burn_wgpu::WgpuDevice, cache: &std::path::Path) {
+    let a = Tensor::<Wgpu, 2>::ones([64, 48], device);
+    let b = Tensor::<Wgpu, 2>::ones([48, 32], device);
+    a.matmul(b).into_data();
+    let mut files = Vec::new();
+    let mut dirs = vec![cache.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)
+            .expect("the cache directory")
+            .flatten()
+        {
+            let path = entry.path();
+            match path.is_dir() {
+                true => dirs.push(path),
+                false => files.push(path),
+            }
+        }
+    }
+    assert!(
+        files.iter().any(|f| f.to_string_lossy().contains("matmul")),
+        "no matmul autotune result in {}: {files:?}",
+        cache.display()
+    );
 }
 
 /// An element-wise kernel launched over lengths the data decides (here the fused AdamW) compiles
-/// once: its cube size does not follow the length.
+/// once: its cube size does not follow the length, and the first update (no moments yet) is the
+/// same kernel as the later ones.
 fn element_wise_kernels_compile_once_for_any_length(device: &burn_wgpu::WgpuDevice) {
     let step = AdamWStep {
         lr: 1e-3,
@@ -74,6 +111,13 @@ fn element_wise_kernels_compile_once_for_any_length(device: &burn_wgpu::WgpuDevi
     for t in &inputs[1..] {
         update(t);
     }
+    let fresh = <Wgpu as XTokenBackend>::xt_adamw(
+        inputs[2].clone().into_primitive().tensor(),
+        inputs[2].clone().into_primitive().tensor(),
+        None,
+        &step,
+    );
+    Tensor::<Wgpu, 1>::from_primitive(TensorPrimitive::Float(fresh.param)).into_data();
     assert_eq!(
         compilations::count().expect("counting"),
         first,

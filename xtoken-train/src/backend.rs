@@ -176,9 +176,13 @@ pub fn check_dtype(kind: DeviceKind, choice: Result<DtypeChoice>, key: &str) -> 
 }
 
 /// Starts every device on this thread, before any worker touches one: an initialization that
-/// panics (no driver, no adapter, no such device) becomes an error naming the device.
+/// panics (no driver, no adapter, no such device) becomes an error naming the device. cubecl
+/// is first configured with the kernel cache of `XTOKEN_KERNEL_CACHE` (unless a profile did so
+/// already, with its compilation log).
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 fn started<B: burn::tensor::backend::Backend>(name: &str, devices: &[B::Device]) -> Result<()> {
+    use xtoken_kernels::compilations::{configure, KernelCache};
+    configure(&KernelCache::from_env(), None);
     for device in devices {
         xtoken_kernels::device::probe::<B>(device).map_err(|why| {
             Error::Config(format!(

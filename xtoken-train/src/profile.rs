@@ -41,6 +41,9 @@ pub struct Phase {
     /// Kernels compiled in the phase (summed over its runs); `None` where nothing counts them
     /// (the CPU backends, or cubecl's configuration read before counting began).
     pub compilations: Option<u64>,
+    /// The names of the kernels compiled in the phase, in order (with `compilations`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<String>,
 }
 
 /// The phases of one step, in the order they first ran.
@@ -73,6 +76,7 @@ impl StepProfile {
                     (Some(a), Some(b)) => Some(a + b),
                     (a, b) => a.or(b),
                 };
+                p.kernels.extend_from_slice(&phase.kernels);
             }
             None => self.phases.push(phase.clone()),
         }
@@ -151,8 +155,13 @@ pub(crate) fn boundary<B: Backend + DeviceMemory>(
                 (None, Some(host)) => (host.peak_bytes)(),
                 (None, None) => 0,
             };
-            let compiled = xtoken_kernels::compilations::count();
+            let kernels = xtoken_kernels::compilations::kernels();
+            let compiled = kernels.as_ref().map(|k| k.len() as u64);
             let compilations = compiled.zip(r.compiled).map(|(now, then)| now - then);
+            let new = match (&kernels, r.compiled) {
+                (Some(k), Some(then)) => k.get(then as usize..).unwrap_or_default().to_vec(),
+                _ => Vec::new(),
+            };
             r.compiled = compiled;
             r.current.absorb(&Phase {
                 name: name(),
@@ -160,6 +169,7 @@ pub(crate) fn boundary<B: Backend + DeviceMemory>(
                 count: 1,
                 memory_bytes: memory,
                 compilations,
+                kernels: new,
             });
             if let Some(host) = r.host {
                 (host.reset_peak)();

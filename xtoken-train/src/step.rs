@@ -17,13 +17,15 @@
 //! cost a whole backward pass per term. A single micro-batch on a single worker needs no
 //! first pass. [`ScalingScope::PreviousStep`] takes `γ` and α from the previous step's sums
 //! instead (which pass 2 computes anyway): no first pass and no targets held, at the price of a
-//! one-step lag; the first step, having no previous one, measures them on each micro-batch, as
-//! [`ScalingScope::MicroBatch`] does on every step.
+//! one-step lag. Its first step, having no previous one, runs pass 1 once (the teachers run
+//! again in pass 2 rather than hold the step's targets): every step's backward passes then
+//! apply a fixed `γ` and α, one graph that a GPU compiles once.
+//! [`ScalingScope::MicroBatch`] measures them on each micro-batch.
 
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 use xtoken_core::loss::multi::{self, Weighting};
 use xtoken_core::loss::pkl::LearnableProjection;
@@ -46,7 +48,7 @@ pub enum ScalingScope {
     /// Once per optimizer step, on the whole step's batch (the paper).
     Step,
     /// The previous step's, on its whole batch; the first step (and the first after resuming
-    /// from a checkpoint that holds none) measures them per micro-batch, as `MicroBatch` does.
+    /// from a checkpoint that holds none) measures its own batch first, as `Step` does.
     PreviousStep,
     /// On each micro-batch's own losses.
     MicroBatch,
@@ -654,21 +656,26 @@ impl<B: TrainBackend> Objective<'_, B> {
             per_teacher.push(evaluate(logits.clone(), term.targets, term.loss, params)?);
             profile::boundary::<B>(device, || format!("loss: teacher {name}"));
         }
-        let kd = multi::combine(per_teacher, self.alphas.to_vec(), device)?;
         let mut weighted = ce.clone() * self.balance.ce_share;
         let mut kd_shared = ce.zeros_like();
-        for ((l, a), share) in kd
-            .per_teacher
+        for ((l, a), share) in per_teacher
             .iter()
             .zip(self.alphas)
             .zip(&self.balance.chunk_shares)
         {
             kd_shared = kd_shared + l.clone() * (a * share);
         }
+        // The KD total only where γ is measured: an operation whose result is never used
+        // still runs on a GPU under burn's fusion, fused with whatever follows it, which the
+        // steps with a fixed γ would then compile anew.
+        let total = || -> Result<Tensor<B, 1>> {
+            let kd = multi::combine(per_teacher.clone(), self.alphas.to_vec(), device)?;
+            Ok(kd.total)
+        };
         if self.setup.dynamic_scaling {
             let gamma = match self.balance.fixed.and_then(|f| f.gamma) {
-                Some(gamma) => ce.zeros_like() + gamma,
-                None => scaling::ratio(ce.clone(), kd.total),
+                Some(gamma) => uploaded(gamma, device),
+                None => scaling::ratio(ce.clone(), total()?),
             };
             weighted = weighted + kd_shared * gamma;
         } else {
@@ -676,10 +683,15 @@ impl<B: TrainBackend> Objective<'_, B> {
         }
         let parts = (
             ce.inner(),
-            kd.per_teacher.into_iter().map(|l| l.inner()).collect(),
+            per_teacher.into_iter().map(|l| l.inner()).collect(),
         );
         Ok((weighted, parts))
     }
+}
+
+/// A host value as a `[1]` f32 tensor: an upload, with no kernel to compile or fuse.
+fn uploaded<B: Backend>(value: f64, device: &B::Device) -> Tensor<B, 1> {
+    Tensor::from_data(TensorData::new(vec![value as f32], [1]), device)
 }
 
 /// What a step reports.
@@ -837,9 +849,18 @@ fn accumulate<B: TrainBackend>(
     let counts: Vec<Sums> = batch.micro.iter().map(Sums::counts).collect();
     let carried =
         previous.filter(|_| setup.scope == ScalingScope::PreviousStep && setup.measures());
-    let pass_one = setup.scope == ScalingScope::Step
-        && setup.measures()
-        && (batch.micro.len() > 1 || worker.count > 1);
+    // The previous-step scope's first step measures its own batch first, as the step scope
+    // does: its backward passes then apply a fixed γ and α like every later step's, one graph
+    // that a GPU compiles once.
+    let pass_one = setup.measures()
+        && match setup.scope {
+            ScalingScope::Step => batch.micro.len() > 1 || worker.count > 1,
+            ScalingScope::PreviousStep => carried.is_none(),
+            ScalingScope::MicroBatch => false,
+        };
+    // The step scope holds the step's targets for pass 2; the previous-step scope's first step
+    // runs the teachers again instead, so that it needs no more memory than the later steps.
+    let keep = setup.scope == ScalingScope::Step || batch.micro.len() == 1;
     let mut kept: Vec<Option<Vec<TeacherTargets<B>>>> = batch.micro.iter().map(|_| None).collect();
     let mut measured = Readout::default();
     let mut pass_one_values = Vec::new();
@@ -856,7 +877,7 @@ fn accumulate<B: TrainBackend>(
             )?;
             profile::boundary::<B>(device, || "student: pass 1 (forward, losses)".into());
             pass_one_values.push((c.clone(), values));
-            *slot = Some(targets);
+            *slot = keep.then_some(targets);
         } else {
             pass_one_values.push((c.clone(), Pending::unmeasured(teachers.len())));
         }

@@ -135,9 +135,18 @@ fn the_gpu_step_script_runs_dry_on_the_cpu() {
     assert!(done.status.success(), "{stderr}");
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
-    for part in ["train-f32", "train-bf16", "forward", "kernels"] {
+    for part in [
+        "train-f32",
+        "train-bf16",
+        "train-bf16-warm",
+        "forward",
+        "kernels",
+    ] {
         assert_eq!(report["parts"][part]["exit"], 0, "{part}: {report}");
     }
+    // The first step again, with the kernel cache the first parts left (none on the CPU).
+    let warm = &report["train_bf16_warm"]["runs"][0];
+    assert_eq!(warm["compute_dtype"], "bf16", "{report}");
     for compute in ["f32", "bf16"] {
         let run = &report[format!("train_{compute}")]["runs"][0];
         assert_eq!(run["compute_dtype"], compute, "{report}");
@@ -156,6 +165,7 @@ fn the_gpu_step_script_runs_dry_on_the_cpu() {
     for heading in [
         "## train-f32 (exit 0",
         "## train-bf16 (exit 0",
+        "## train-bf16-warm (exit 0",
         "## forward (exit 0",
         "## kernels (exit 0",
     ] {
@@ -179,11 +189,13 @@ fn the_gpu_step_script_runs_dry_on_the_cpu() {
 /// a cube kernel does it on the device). A step of the fixture's run (two micro-batches, a
 /// P-KL teacher with a learnable W and a KL teacher, dynamic scaling) reads once: the loss
 /// values and the gradient norm together, before the weights are touched. Under the paper's
-/// step scope, pass 1's values are read once more, before the backward passes that need them.
+/// step scope, pass 1's values are read once more, before the backward passes that need them;
+/// so are the previous-step scope's in its first step, which has no previous step to take them
+/// from.
 #[test]
 fn a_step_reads_from_the_device_once() {
     let f = fixture("reads");
-    for (scope, per_step) in [("previous-step", 1), ("step", 2)] {
+    for (scope, per_step) in [("previous-step", [2, 1, 1]), ("step", [2; 3])] {
         let setting = format!("scaling_scope = \"{scope}\"");
         let mut run = open_run(&f, scope, ("top_k = 16", &setting));
         let reads: Vec<u64> = (0..3)
@@ -193,7 +205,7 @@ fn a_step_reads_from_the_device_once() {
                 burn_ndarray::reads::count() - before
             })
             .collect();
-        assert_eq!(reads, [per_step; 3], "{scope}: reads per step");
+        assert_eq!(reads, per_step, "{scope}: reads per step");
     }
 }
 

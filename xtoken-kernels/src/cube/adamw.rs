@@ -29,8 +29,10 @@ fn constants(step: &AdamWStep) -> [f32; 10] {
     ]
 }
 
-/// One element per unit. With `fresh` (the first update) the moments start at zero and
-/// `first`/`second` are not read.
+/// One element per unit. With `fresh` = 1 (the first update) the moments start at zero and
+/// `first`/`second` are not read. `fresh` is a runtime scalar, not a comptime one, so that the
+/// first update and the later ones are one compiled kernel: a step after the first compiles
+/// nothing.
 #[cube(launch_unchecked, address_type = "dynamic")]
 #[allow(clippy::too_many_arguments)]
 fn adamw_update(
@@ -52,14 +54,14 @@ fn adamw_update(
     keep: f32,
     lr: f32,
     n: usize,
-    #[comptime] fresh: bool,
+    fresh: u32,
 ) {
     let i = ABSOLUTE_POS;
     if i < n {
         let g = grad[i] * grad_scale;
         let mut m = g * factor_1;
         let mut v = g * g * factor_2;
-        if comptime![!fresh] {
+        if fresh == 0 {
             m += first[i] * beta_1;
             v += second[i] * beta_2;
         }
@@ -88,7 +90,7 @@ pub(super) fn update<B: Cube<R>, R: CubeRuntime>(
     let n = shape.num_elements();
     let (param, grad) = (into_contiguous(param), into_contiguous(grad));
     let launcher = Launcher::of(&param, n);
-    let fresh = moments.is_none();
+    let fresh = u32::from(moments.is_none());
     let (first, second) = match moments {
         Some(m) => (into_contiguous(m.first), into_contiguous(m.second)),
         None => (param.clone(), param.clone()),

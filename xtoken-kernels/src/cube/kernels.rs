@@ -675,6 +675,15 @@ pub fn poison(flag: &Array<u32>, out: &mut Array<f32>, marker: f32, n: usize) {
     }
 }
 
+/// `out[i] = 0` in any numeric storage type. burn's own fill sizes its cubes and vectors by the
+/// length, so each length the data brings compiles it again; this one compiles once per type.
+#[cube(launch_unchecked, address_type = "dynamic")]
+pub fn zero<N: Numeric>(out: &mut Array<N>, n: usize, #[define(N)] _dtype: StorageType) {
+    if ABSOLUTE_POS < n {
+        out[ABSOLUTE_POS] = N::from_int(0);
+    }
+}
+
 /// `out[i] = value` (a runtime value: WGSL has no literal for −∞).
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn fill(out: &mut Array<f32>, value: f32, n: usize) {

@@ -5,7 +5,7 @@
 use burn::tensor::ops::{FloatTensorOps, IntTensorOps};
 use burn::tensor::{DType, FloatDType, Int, IntDType, Shape, Tensor, TensorPrimitive};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
@@ -64,12 +64,27 @@ impl<R: CubeRuntime> Launcher<R> {
     }
 
     pub(super) fn zeros(&self, len: usize, dtype: DType) -> CubeTensor<R> {
-        zeros_client(
-            self.client.clone(),
-            self.device.clone(),
-            Shape::new([len.max(1)]),
-            dtype,
-        )
+        self.zeros_of(Shape::new([len.max(1)]), dtype)
+    }
+
+    /// A contiguous tensor of zeros, set by one kernel of fixed geometry (compiled once per
+    /// dtype, whatever the shape).
+    pub(super) fn zeros_of(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
+        let n = shape.num_elements();
+        let out = self.empty(shape, dtype);
+        let (count, dim) = self.elementwise(n);
+        unsafe {
+            kernels::zero::launch_unchecked::<R>(
+                &self.client,
+                count,
+                dim,
+                self.address,
+                out.clone().into_array_arg(),
+                n,
+                dtype.into(),
+            );
+        }
+        out
     }
 
     pub(super) fn empty(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {

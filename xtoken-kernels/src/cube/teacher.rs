@@ -3,7 +3,6 @@
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::zeros_client;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 
@@ -42,12 +41,7 @@ pub(super) fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
     let plan = PlanArrays::new(&spec.merge, &launcher);
     let RowLse { lse, bad } = row_lse(&launcher, &z, n, v, tau_inv);
     let sigma = merge_shifts(&launcher, &z, &lse, &plan, (slots, v, tau_inv));
-    let ids = zeros_client(
-        launcher.client.clone(),
-        launcher.device.clone(),
-        Shape::new([slots, k]),
-        DType::I32,
-    );
+    let ids = launcher.zeros_of(Shape::new([slots, k]), DType::I32);
     let logp = launcher.empty(Shape::new([slots, k]), DType::F32);
     let (count, dim) = launcher.elementwise(slots * k);
     unsafe {

@@ -5,7 +5,7 @@
 //! reports them, else the host heap's high-water mark over the timed steps) beside the estimate
 //! `xtoken train --check` prints for the same run.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -222,21 +222,41 @@ fn model_dir(
     Ok(started.elapsed().as_secs_f64())
 }
 
+/// Configures cubecl before any device starts: the kernel cache and, for a profile, the
+/// compilation log; says where the cache is.
+fn cubecl_setup(profile: bool, work: &Path) {
+    use xtoken_kernels::compilations::{configure, KernelCache, CACHE_VARIABLE};
+    let log = work.join("cubecl-compilations.log");
+    let cache = KernelCache::from_env();
+    let done = configure(&cache, profile.then_some(log.as_path()));
+    match (&cache, done.cache) {
+        (KernelCache::Dir(dir), true) => {
+            println!("Kernel cache: {} ({CACHE_VARIABLE}).\n", dir.display())
+        }
+        (KernelCache::Dir(dir), false) => {
+            eprintln!("the kernel cache {} cannot be made", dir.display())
+        }
+        (KernelCache::Cubecl, _) => {
+            println!("Kernel cache: cubecl's own ({CACHE_VARIABLE}=off).\n")
+        }
+    }
+    if profile && !done.counting {
+        eprintln!(
+            "kernel compilations are not counted: cubecl's configuration logs them itself, \
+             was read already, or {} cannot be written",
+            log.display()
+        );
+    }
+}
+
 /// Runs the benchmark and prints a Markdown table.
 pub fn run(args: TrainBenchArgs) -> Result<()> {
     alloc::enable();
     let work = args.work_dir_or_temp();
     std::fs::create_dir_all(&work)?;
     let kind: DeviceKind = args.device.parse()?;
-    if args.profile && !kind.on_host() {
-        let log = work.join("cubecl-compilations.log");
-        if !xtoken_kernels::compilations::watch(&log) {
-            eprintln!(
-                "kernel compilations are not counted: cubecl's configuration logs them itself, \
-                 was read already, or {} cannot be written",
-                log.display()
-            );
-        }
+    if !kind.on_host() {
+        cubecl_setup(args.profile, &work);
     }
     let (student, teacher) = (work.join("student"), work.join("teacher"));
     let made = [
@@ -585,7 +605,30 @@ fn profile_table(variant: &Variant, timed: &Timed) -> String {
         100.0 * first.seconds() / timed.first_seconds.max(1e-12),
         100.0 * mean.seconds() / step.max(1e-12)
     );
-    out
+    out + &compiled_later(rest)
+}
+
+/// The kernels compiled after the first step, by step and phase: each is a step that waited on
+/// a compiler (a shape or variant the first step did not launch).
+fn compiled_later(rest: &[StepProfile]) -> String {
+    let mut out = String::new();
+    for (i, step) in rest.iter().enumerate() {
+        for phase in step.phases.iter().filter(|p| !p.kernels.is_empty()) {
+            // cubecl names a kernel by its type path; the last segments say which.
+            let short: Vec<_> = phase.kernels.iter().map(|k| short_kernel(k)).collect();
+            out += &format!("- step {}, {}: {}\n", i + 2, phase.name, short.join(", "));
+        }
+    }
+    match out.is_empty() {
+        true => out,
+        false => format!("\nKernels compiled after the first step:\n\n{out}"),
+    }
+}
+
+/// `module::kernel::Kernel` of a kernel's type path.
+fn short_kernel(path: &str) -> &str {
+    let cut = path.rmatch_indices("::").nth(1).map_or(0, |(i, _)| i + 2);
+    &path[cut..]
 }
 
 fn mean_of(values: &[f64]) -> f64 {
@@ -630,4 +673,44 @@ fn report(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) -> serde_json::Value
         "teacher_dtype": args.teacher_dtype,
         "runs": runs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn phase(name: &str, kernels: &[&str]) -> Phase {
+        Phase {
+            name: name.into(),
+            seconds: 0.0,
+            count: 1,
+            memory_bytes: 0,
+            compilations: Some(kernels.len() as u64),
+            kernels: kernels.iter().map(|k| k.to_string()).collect(),
+        }
+    }
+
+    /// The kernels a later step compiled are listed by step and phase, by their last two path
+    /// segments; nothing is listed when none was compiled.
+    #[test]
+    fn later_compilations_are_named_by_step_and_phase() {
+        let quiet = StepProfile {
+            phases: vec![phase("loss: CE", &[])],
+        };
+        assert_eq!(compiled_later(std::slice::from_ref(&quiet)), "");
+        let loud = StepProfile {
+            phases: vec![
+                phase("loss: CE", &[]),
+                phase(
+                    "student: backward",
+                    &["burn_cubecl_fusion::optim::elemwise::ElemwiseFuse", "Plain"],
+                ),
+            ],
+        };
+        assert_eq!(
+            compiled_later(&[quiet, loud]),
+            "\nKernels compiled after the first step:\n\n\
+             - step 3, student: backward: elemwise::ElemwiseFuse, Plain\n"
+        );
+    }
 }
