@@ -79,12 +79,6 @@ pub fn configure(cache: &KernelCache, log: Option<&Path>) -> Configured {
     }
 }
 
-/// Starts counting the kernels cubecl compiles, logging them to `log`, with the kernel cache of
-/// [`KernelCache::from_env`]: [`configure`]'s `counting`.
-pub fn watch(log: &Path) -> bool {
-    configure(&KernelCache::from_env(), Some(log)).counting
-}
-
 /// Kernels compiled since [`configure`] started counting; `None` when nothing is counted.
 pub fn count() -> Option<u64> {
     kernels().map(|names| names.len() as u64)
@@ -128,13 +122,13 @@ mod cube {
         }
         let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
         let cached = match cache {
-            KernelCache::Dir(dir) => std::fs::create_dir_all(dir).is_ok(),
-            KernelCache::Cubecl => false,
+            KernelCache::Dir(dir) if std::fs::create_dir_all(dir).is_ok() => {
+                config.autotune.cache = CacheConfig::File(dir.clone());
+                config.compilation.cache = Some(CacheConfig::File(dir.clone()));
+                true
+            }
+            _ => false,
         };
-        if let (true, KernelCache::Dir(dir)) = (cached, cache) {
-            config.autotune.cache = CacheConfig::File(dir.clone());
-            config.compilation.cache = Some(CacheConfig::File(dir.clone()));
-        }
         let logger = &mut config.compilation.logger;
         // Every logger cubecl makes appends to one file that starts empty here.
         let counting = log.is_some_and(|log| {

@@ -656,6 +656,7 @@ impl<B: TrainBackend> Objective<'_, B> {
             per_teacher.push(evaluate(logits.clone(), term.targets, term.loss, params)?);
             profile::boundary::<B>(device, || format!("loss: teacher {name}"));
         }
+        multi::check_alphas(self.alphas, per_teacher.len())?;
         let mut weighted = ce.clone() * self.balance.ce_share;
         let mut kd_shared = ce.zeros_like();
         for ((l, a), share) in per_teacher

@@ -142,6 +142,19 @@ pub fn with_alphas<B: XTokenBackend>(
     combine(per_teacher, alphas, &student_logits.device())
 }
 
+/// `alphas` holds one finite weight for each of `teachers`: what [`combine`] requires, for a
+/// caller that weights the losses itself.
+pub fn check_alphas(alphas: &[f64], teachers: usize) -> Result<()> {
+    if alphas.len() != teachers || alphas.iter().any(|a| !a.is_finite()) {
+        return Err(Error::BadParameter {
+            name: "alphas",
+            value: format!("{alphas:?}"),
+            why: "needs one finite weight per teacher",
+        });
+    }
+    Ok(())
+}
+
 /// The weighted sum of losses evaluated one teacher at a time (`per_teacher[m]`, a `[1]`
 /// tensor each, on `device`): what [`with_alphas`] returns, for a caller that evaluates each
 /// loss itself.
@@ -150,13 +163,7 @@ pub fn combine<B: XTokenBackend>(
     alphas: Vec<f64>,
     device: &B::Device,
 ) -> Result<MultiTeacherLoss<B>> {
-    if alphas.len() != per_teacher.len() || alphas.iter().any(|a| !a.is_finite()) {
-        return Err(Error::BadParameter {
-            name: "alphas",
-            value: format!("{alphas:?}"),
-            why: "needs one finite weight per teacher",
-        });
-    }
+    check_alphas(&alphas, per_teacher.len())?;
     let mut total = Tensor::<B, 1>::from_data(TensorData::new(vec![0.0f32], [1]), device);
     for (l, &a) in per_teacher.iter().zip(&alphas) {
         total = total + l.clone() * a;

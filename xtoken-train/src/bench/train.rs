@@ -237,7 +237,7 @@ fn cubecl_setup(profile: bool, work: &Path) {
             eprintln!("the kernel cache {} cannot be made", dir.display())
         }
         (KernelCache::Cubecl, _) => {
-            println!("Kernel cache: cubecl's own ({CACHE_VARIABLE}=off).\n")
+            println!("Kernel cache: cubecl's own ({CACHE_VARIABLE}=off, or no home directory).\n")
         }
     }
     if profile && !done.counting {
