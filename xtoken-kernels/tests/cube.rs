@@ -16,6 +16,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 use burn_wgpu::Wgpu;
 use support::reference::{self, Objective, Problem};
 use support::{Evaluation, Inputs};
+use xtoken_kernels::traffic::{recording, total, Launch};
 use xtoken_kernels::{
     CommonPairs, DistillSpec, EntriesSpec, GradRequest, KernelError, LossKind, MergePlan,
     ProjectionTensors, XTokenBackend,
@@ -148,6 +149,17 @@ impl Case {
         }
     }
 
+    /// The teacher's extraction on the case's plan.
+    fn entries_spec(&self) -> EntriesSpec {
+        EntriesSpec {
+            merge: self.merge.clone(),
+            top_k: self.top_k,
+            tau: self.tau,
+            row_chunk: 4,
+            next_token: None,
+        }
+    }
+
     fn evaluations(&self) -> Vec<Evaluation> {
         let (vs, vt) = (self.student_vocab, self.teacher_vocab);
         // A 1-to-1 common set over about 70 % of the student vocabulary.
@@ -189,6 +201,8 @@ struct Outcome {
     grad_weights: Option<Vec<f32>>,
     /// The dtypes of the value, the logits' gradient and W's.
     dtypes: (DType, DType, Option<DType>),
+    /// What the loss's launches declared they move (not the teacher's extraction).
+    launches: Vec<Launch>,
 }
 
 fn floats<B: Backend>(t: burn::tensor::ops::FloatTensor<B>) -> Vec<f32> {
@@ -225,14 +239,7 @@ fn evaluate<B: XTokenBackend>(
         (case.teacher.clone(), vt)
     };
     let teacher = Tensor::<B, 3>::from_data(TensorData::new(teacher, [b, t, width]), &device);
-    let spec = EntriesSpec {
-        merge: case.merge.clone(),
-        top_k: case.top_k,
-        tau: case.tau,
-        row_chunk: 4,
-        next_token: None,
-    };
-    let entries = B::xt_teacher_entries(teacher.into_primitive().tensor(), &spec)?;
+    let entries = B::xt_teacher_entries(teacher.into_primitive().tensor(), &case.entries_spec())?;
     let logits = Tensor::<B, 3>::from_data(TensorData::new(student.to_vec(), [b, t, vs]), &device)
         .cast(dtype);
     let projection = evaluation.reads_projection().then(|| ProjectionTensors {
@@ -249,18 +256,21 @@ fn evaluate<B: XTokenBackend>(
         .tensor(),
         layout: None,
     });
-    let out = evaluation.run(Inputs::<B> {
-        logits: logits.into_primitive().tensor(),
-        teacher: entries,
-        projection,
-        merge: case.merge.clone(),
-        tau: case.tau,
-        row_chunk: case.row_chunk,
-        want: GradRequest {
-            logits: true,
-            weights: true,
-        },
-    })?;
+    let (out, launches) = recording(|| {
+        evaluation.run(Inputs::<B> {
+            logits: logits.into_primitive().tensor(),
+            teacher: entries,
+            projection,
+            merge: case.merge.clone(),
+            tau: case.tau,
+            row_chunk: case.row_chunk,
+            want: GradRequest {
+                logits: true,
+                weights: true,
+            },
+        })
+    });
+    let out = out?;
     let dtype = |t: &burn::tensor::ops::FloatTensor<B>| {
         Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t.clone())).dtype()
     };
@@ -272,6 +282,7 @@ fn evaluate<B: XTokenBackend>(
     );
     Ok(Outcome {
         dtypes,
+        launches,
         value: floats::<B>(out.value)[0],
         grad_logits: floats::<B>(flat::<B, 3>(out.grad_logits.expect("asked for"))),
         grad_weights: out.grad_weights.map(|g| floats::<B>(flat::<B, 2>(g))),
@@ -322,6 +333,93 @@ fn kernels_match_the_host_on_odd_sizes() {
 #[test]
 fn kernels_match_the_host_with_k_above_the_block_and_one_row() {
     compare(&Case::new(1, 20, (300, 257), 257, 2));
+}
+
+#[test]
+fn kernels_match_the_host_when_a_rows_split_bin_overflows() {
+    // Student logits on a grid of 8: most are 0, so the student's uncommon top-K (GOLD, H-KL,
+    // ULD) finds more candidates in its split bin than its scratch list holds, at both levels.
+    let base = Case::new(1, 20, (300, 257), 100, 3);
+    let mut case = Case::new(1, 20, (300, 257), 100, 3);
+    for x in &mut case.student {
+        *x = (*x / 8.0).round() * 8.0;
+    }
+    compare(&case);
+    // Logits in [4, 4.75]: one first-level bin, split by the second level.
+    let mut case = base;
+    for x in &mut case.student {
+        *x = 4.0 + x.abs() / 8.0;
+    }
+    compare(&case);
+}
+
+/// The launches' declared traffic on a 1-to-1 plan (`xtoken_kernels::traffic`): the teacher's
+/// top-K, P-KL, KL and the cross-entropy read their logits in full twice (the row pass, then
+/// the selection or the gradient's pass), the hybrid losses three times (the row pass, their
+/// uncommon top-K, the gradient's pass); besides, only gathers at single ids. Each loss writes
+/// its gradient in full once and reads it back only where it adds a sparse term.
+#[test]
+fn the_operations_read_their_logits_a_fixed_number_of_times() {
+    let mut case = Case::new(2, 37, (1000, 1237), 300, 1);
+    let n = case.batch * case.len;
+    case.merge = MergePlan {
+        rows: n,
+        predict_row: (0..n as u32).map(Some).collect(),
+        continuation: Vec::new(),
+    };
+    let gathers = [
+        "merge_shift",
+        "pkl_entries",
+        "cross_entropy_terms",
+        "kl_slots",
+        "hybrid_slots",
+    ];
+    let sparse_grad = ["kl_grad_sparse", "hybrid_grad_sparse"];
+    let dense = |launches: &[Launch], skip: &[&str]| -> (u64, u64, u64) {
+        let kept: Vec<Launch> = launches
+            .iter()
+            .filter(|l| !skip.contains(&l.kernel))
+            .copied()
+            .collect();
+        let (read, written) = total(&kept);
+        (read.logits, read.gradient, written.gradient)
+    };
+    let pass = (n * case.student_vocab * 4) as u64;
+    for evaluation in case.evaluations() {
+        let name = format!("{evaluation:?}")
+            .chars()
+            .take(12)
+            .collect::<String>();
+        let found =
+            evaluate::<Wgpu>(&case, &evaluation, &case.student, &case.weights, DType::F32).unwrap();
+        let passes = if evaluation.is(LossKind::Hkl) || evaluation.is(LossKind::Uld) {
+            3
+        } else {
+            2
+        };
+        let (read, _, _) = dense(&found.launches, &gathers);
+        assert_eq!(read, passes * pass, "{name}: full reads of the logits");
+        let (_, grad_read, grad_written) = dense(&found.launches, &sparse_grad);
+        assert_eq!(grad_read, 0, "{name}: full reads of the gradient");
+        assert_eq!(grad_written, pass, "{name}: full writes of the gradient");
+    }
+    let teacher = Tensor::<Wgpu, 3>::from_data(
+        TensorData::new(
+            case.teacher.clone(),
+            [case.batch, case.len, case.teacher_vocab],
+        ),
+        &Default::default(),
+    );
+    let spec = case.entries_spec();
+    let (entries, launches) =
+        recording(|| <Wgpu>::xt_teacher_entries(teacher.into_primitive().tensor(), &spec));
+    entries.unwrap();
+    let (read, _, _) = dense(&launches, &gathers);
+    assert_eq!(
+        read,
+        2 * (n * case.teacher_vocab * 4) as u64,
+        "teacher top-K"
+    );
 }
 
 /// Central differences of the device loss at the coordinates with the largest gradient and a
@@ -589,6 +687,12 @@ fn device_top_k_matches_the_host() {
         (1000, 1, 0.0),
         (700, 699, 0.5),
         (513, 64, 0.25),
+        // Every logit in [4, 4.8]: one histogram bin holds them all, more than the scratch
+        // list; the second-level split resolves them.
+        (600, 100, -1.0),
+        // Nearly every logit is ±0: the second level overflows too, and the rows take the
+        // radix select.
+        (600, 100, 8.0),
     ]
     .into_iter()
     .enumerate()
@@ -600,6 +704,8 @@ fn device_top_k_matches_the_host() {
                 let x = 4.0 * unit(i as u64, 20 + case_index as u64);
                 if step > 0.0 {
                     (x / step).round() * step // many ties
+                } else if step < 0.0 {
+                    4.0 + x.abs() / 5.0
                 } else {
                     x
                 }

@@ -8,7 +8,8 @@ use burn_cubecl::CubeRuntime;
 
 use super::kernels;
 use super::launch::{
-    finish, float_dtype, logits_shape, row_lse, scaled_sum, Cube, Launcher, RowLse,
+    finish, float_dtype, logits_shape, note, row_lse, scaled_sum, Cube, Launcher, RowLse, RowPass,
+    Streams,
 };
 use crate::checks::checked_targets;
 use crate::error::KernelError;
@@ -32,9 +33,14 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
         0.0
     };
     let target_array = launcher.ints(targets);
-    let RowLse { lse, bad } = row_lse(&launcher, &z, n, v, 1.0);
+    let RowLse { lse, bad, .. } = row_lse(&launcher, &z, (n, v, 1.0), RowPass::plain());
     let terms = launcher.zeros(n, DType::F32);
     let (count, dim) = launcher.elementwise(n);
+    note(
+        "cross_entropy_terms",
+        Streams::logits(n * z.dtype.size()) + Streams::other(n * 8),
+        Streams::other(n * 4),
+    );
     unsafe {
         kernels::cross_entropy_terms::launch_unchecked::<R>(
             &launcher.client,
@@ -53,6 +59,12 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
     let grad_logits = want_grad.then(|| {
         let grad = launcher.empty(Shape::new([b, t, v]), z.dtype);
         let (count, dim) = launcher.elementwise(n * v);
+        let bytes = n * v * z.dtype.size();
+        note(
+            "cross_entropy_grad",
+            Streams::logits(bytes) + Streams::other(n * 8),
+            Streams::gradient(bytes),
+        );
         unsafe {
             kernels::cross_entropy_grad::launch_unchecked::<R>(
                 &launcher.client,

@@ -11,14 +11,15 @@ use cubecl::prelude::*;
 
 use super::kernels;
 use super::launch::{
-    as_f32, as_i32, finish, float_dtype, int_range, logits_shape, merge_shifts, row_lse,
-    scaled_sum, Cube, Launcher, PlanArrays, RowLse,
+    as_f32, as_i32, finish, float_dtype, int_range, logits_shape, merge_shifts, note, row_lse,
+    scaled_sum, Cube, Launcher, PlanArrays, RowLse, RowPass, Split, Streams,
 };
+use super::pkl::Projection;
 use crate::checks::{check_id_range, check_tau, check_teacher};
 use crate::error::KernelError;
 use crate::loss_kind::LossKind;
 use crate::spec::DistillSpec;
-use crate::{LossOutput, TeacherEntries};
+use crate::{LossOutput, ProjectionTensors, TeacherEntries};
 
 /// The state one distillation evaluation's launches share.
 pub(super) struct Evaluation<'s, R: CubeRuntime> {
@@ -52,6 +53,108 @@ pub(super) struct Evaluation<'s, R: CubeRuntime> {
     pub(super) dtype: StorageType,
     /// Slots per P-KL launch (its scattered buffer is `[chunk, V_T]`).
     pub(super) chunk: usize,
+    /// Per row, the mass `row_lse` weighed: P-KL's `ρ`, the hybrid losses' uncommon mass.
+    pub(super) mass: Option<CubeTensor<R>>,
+    /// P-KL's W with its layout and buffers.
+    pub(super) projection: Option<Projection<R>>,
+    /// The hybrid losses' student partner table (`[V_S]`, `-1`: uncommon).
+    pub(super) partner: Option<CubeTensor<R>>,
+    /// The hybrid losses' split of each row for their uncommon top-K (see `row_lse`).
+    pub(super) splits: Option<CubeTensor<R>>,
+}
+
+/// The teacher's ids lie in the vocabulary they index (the student's for KL, which reads them
+/// as student ids): read back only when the extraction did not make them so.
+fn check_teacher_ids<B: Cube<R>, R: CubeRuntime>(
+    teacher: &TeacherEntries<B>,
+    spec: &DistillSpec,
+    v: usize,
+    slots: usize,
+) -> Result<(), KernelError> {
+    let id_limit = if spec.loss == LossKind::Kl {
+        v
+    } else {
+        teacher.vocab
+    };
+    let known = teacher.ids_in_vocab && teacher.vocab <= id_limit;
+    if slots * teacher.k > 0 && !known {
+        let range = int_range::<B, R>(&teacher.ids, "teacher ids")?;
+        check_id_range(range, 0, id_limit, "teacher ids", "token")?;
+    }
+    Ok(())
+}
+
+/// The widths a loss's buffers are sized by.
+#[derive(Clone, Copy)]
+pub(super) struct Widths {
+    /// `V_S`.
+    pub(super) v: usize,
+    /// `V_T`.
+    pub(super) vt: usize,
+    /// Slots per P-KL launch.
+    pub(super) chunk: usize,
+    /// Teacher entries per slot.
+    pub(super) k: usize,
+}
+
+/// What the row pass weighs and splits, by loss: W's row sums for P-KL; for the hybrid losses 1
+/// on the student ids without a partner, and the split of their uncommon top-K (the partners
+/// excluded); nothing more for KL.
+struct RowTables<R: CubeRuntime> {
+    weights: Option<CubeTensor<R>>,
+    partner: Option<CubeTensor<R>>,
+    /// Uncommon entries the hybrid losses select per slot.
+    selected: usize,
+}
+
+impl<R: CubeRuntime> RowTables<R> {
+    fn new(
+        launcher: &Launcher<R>,
+        spec: &DistillSpec,
+        projection: Option<&Projection<R>>,
+        w: Widths,
+    ) -> Result<Self, KernelError> {
+        let none = Self {
+            weights: None,
+            partner: None,
+            selected: 0,
+        };
+        Ok(match spec.loss {
+            LossKind::Kl => none,
+            LossKind::Pkl => Self {
+                weights: projection.map(|p| p.row_mass.clone()),
+                ..none
+            },
+            LossKind::Gold | LossKind::Hkl | LossKind::Uld => {
+                let pairs = spec.hybrid_pairs(w.v, w.vt)?;
+                let uncommon: Vec<f32> = pairs
+                    .student_partner
+                    .iter()
+                    .map(|&p| if p < 0 { 1.0 } else { 0.0 })
+                    .collect();
+                let count = uncommon.iter().filter(|&&u| u > 0.0).count();
+                Self {
+                    weights: Some(launcher.floats(&uncommon)),
+                    partner: Some(launcher.ints(&pairs.student_partner)),
+                    selected: w.k.min(count),
+                }
+            }
+        })
+    }
+
+    fn pass(&self) -> RowPass<'_, R> {
+        let split = match (&self.partner, self.selected) {
+            (Some(partner), keep) if keep > 0 => Some(Split {
+                keep,
+                excluded: Some(partner),
+            }),
+            _ => None,
+        };
+        RowPass {
+            weights: self.weights.as_ref(),
+            split,
+        }
+    }
 }
 
 impl<'s, R: CubeRuntime> Evaluation<'s, R> {
@@ -59,6 +162,7 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
     pub(super) fn new<B: Cube<R>>(
         logits: CubeTensor<R>,
         teacher: TeacherEntries<B>,
+        projection: Option<ProjectionTensors<B>>,
         spec: &'s DistillSpec,
         want_logits: bool,
     ) -> Result<Self, KernelError> {
@@ -69,19 +173,8 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
         spec.merge.check("student", n, v)?;
         let slots = spec.merge.slots();
         check_teacher(&teacher, slots)?;
+        check_teacher_ids::<B, R>(&teacher, spec, v, slots)?;
         let k = teacher.k;
-        // KL reads the teacher's ids as student ids.
-        let id_limit = if spec.loss == LossKind::Kl {
-            v
-        } else {
-            teacher.vocab
-        };
-        // Ids the extraction made lie below the teacher's vocabulary: no read needed.
-        let known = teacher.ids_in_vocab && teacher.vocab <= id_limit;
-        if slots * k > 0 && !known {
-            let range = int_range::<B, R>(&teacher.ids, "teacher ids")?;
-            check_id_range(range, 0, id_limit, "teacher ids", "token")?;
-        }
         let valid = spec.merge.valid();
         let chunk = spec.row_chunk.max(1).min(valid.max(1));
         let launcher = Launcher::of(&z, (slots * k).max(chunk * teacher.vocab));
@@ -95,7 +188,23 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
         let teacher_ids = as_i32::<B, R>(teacher.ids);
         let teacher_logp = as_f32::<B, R>(teacher.logp);
         let dtype = float_dtype(&z);
-        let RowLse { lse, bad } = row_lse(&launcher, &z, n, v, tau_inv);
+        let shape = Widths {
+            v,
+            vt: teacher.vocab,
+            chunk,
+            k,
+        };
+        let projection = match spec.loss {
+            LossKind::Pkl => Some(Projection::new::<B>(&launcher, shape, projection)?),
+            _ => None,
+        };
+        let tables = RowTables::new(&launcher, spec, projection.as_ref(), shape)?;
+        let RowLse {
+            lse,
+            bad,
+            mass,
+            splits,
+        } = row_lse(&launcher, &z, (n, v, tau_inv), tables.pass());
         let sigma = merge_shifts(&launcher, &z, &lse, &plan, (slots, v, tau_inv));
         let loss = launcher.zeros(plan.valid, DType::F32);
         let dsigma = launcher.zeros(slots, DType::F32);
@@ -120,6 +229,10 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
             c: scale * tau_inv,
             dtype,
             chunk,
+            mass,
+            projection,
+            partner: tables.partner,
+            splits,
             z,
         };
         evaluation.zero_idle_rows();
@@ -133,6 +246,8 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
         };
         let launcher = &self.launcher;
         let (count, dim) = launcher.elementwise(self.plan.idle_count * self.v);
+        let bytes = self.plan.idle_count * self.v * self.z.dtype.size();
+        note("zero_rows", Streams::default(), Streams::gradient(bytes));
         unsafe {
             kernels::zero_rows::launch_unchecked::<R>(
                 &launcher.client,
@@ -148,47 +263,29 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
         }
     }
 
-    /// Writes the gradient of the predicting rows of compared slots `first..first + count`
-    /// (nothing when no gradient was requested).
-    pub(super) fn predicting_grad(&self, (first, count): (usize, usize), mode: GradMode<'_, R>) {
+    /// Writes the gradient of every compared slot's predicting row (nothing when no gradient
+    /// was requested); P-KL writes its own (`pkl_grad`).
+    pub(super) fn predicting_grad(&self, mode: GradMode<'_, R>) {
         let Some(grad) = &self.grad else { return };
+        let count = self.plan.valid;
         if count == 0 {
             return;
         }
         let launcher = &self.launcher;
-        // Placeholders bind the arrays a mode does not read.
-        let no_floats = launcher.zeros(1, DType::F32);
-        let no_ids = launcher.ints(&[]);
-        let (indices, weights, scattered, mass, kw, vt, lambda) = match &mode {
-            GradMode::Kl => (&no_ids, &no_floats, &no_floats, &no_floats, 1, 1, 0.0),
-            GradMode::Projected {
-                indices,
-                weights,
-                scattered,
-                mass,
-                kw,
-            } => (
-                *indices,
-                *weights,
-                *scattered,
-                *mass,
-                *kw,
-                self.teacher_vocab,
-                0.0,
-            ),
+        let (partner, lambda, table) = match &mode {
+            // A placeholder binds the table KL does not read.
+            GradMode::Kl => (launcher.ints(&[]), 0.0, 0),
             GradMode::Hybrid {
                 student_partner,
                 lambda_uld,
-            } => (
-                *student_partner,
-                &no_floats,
-                &no_floats,
-                &no_floats,
-                1,
-                1,
-                *lambda_uld,
-            ),
+            } => ((*student_partner).clone(), *lambda_uld, self.v * 4),
         };
+        let rows_bytes = count * self.v * self.z.dtype.size();
+        note(
+            "predicting_grad",
+            Streams::logits(rows_bytes) + Streams::other(table + count * 16),
+            Streams::gradient(rows_bytes),
+        );
         let (cubes, dim) = launcher.elementwise(count * self.v);
         unsafe {
             kernels::predicting_grad::launch_unchecked::<R>(
@@ -202,20 +299,13 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
                 self.dsigma.clone().into_array_arg(),
                 self.plan.valid_slot.clone().into_array_arg(),
                 self.plan.valid_row.clone().into_array_arg(),
-                indices.clone().into_array_arg(),
-                weights.clone().into_array_arg(),
-                scattered.clone().into_array_arg(),
-                mass.clone().into_array_arg(),
+                partner.into_array_arg(),
                 grad.clone().into_array_arg(),
-                first,
                 count,
-                kw,
                 self.v,
-                vt,
                 self.tau_inv,
                 self.c,
                 lambda,
-                matches!(mode, GradMode::Projected { .. }),
                 matches!(mode, GradMode::Hybrid { .. }),
                 self.dtype,
             );
@@ -252,6 +342,12 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
         };
         let (launcher, plan) = (&self.launcher, &self.plan);
         let (count, dim) = launcher.elementwise(plan.continuation_count * self.v);
+        let bytes = plan.continuation_count * self.v * self.z.dtype.size();
+        note(
+            "continuation_grad",
+            Streams::logits(bytes) + Streams::gradient(bytes),
+            Streams::gradient(bytes),
+        );
         unsafe {
             kernels::continuation_grad::launch_unchecked::<R>(
                 &launcher.client,
@@ -280,15 +376,6 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
 pub(super) enum GradMode<'a, R: CubeRuntime> {
     /// None (KL adds its sparse term afterwards).
     Kl,
-    /// P-KL's gather through W (`[V_S, kw]`) of the chunk's scattered `[chunk, V_T]` `g`, with
-    /// each slot's re-normalization mass `ρ`.
-    Projected {
-        indices: &'a CubeTensor<R>,
-        weights: &'a CubeTensor<R>,
-        scattered: &'a CubeTensor<R>,
-        mass: &'a CubeTensor<R>,
-        kw: usize,
-    },
     /// `λ_ULD · a` on the ids without a partner in the common set.
     Hybrid {
         student_partner: &'a CubeTensor<R>,

@@ -1,6 +1,7 @@
-//! GOLD, H-KL and ULD on the device: `top_k` selects the student's largest uncommon
-//! probabilities (the common ids masked), `hybrid_slots` computes the common KL and the sorted
-//! L1 per compared slot, then the predicting rows' dense gradient and `hybrid_grad_sparse`.
+//! GOLD, H-KL and ULD on the device: `row_lse` has summed each row's uncommon mass in its
+//! pass; `top_k` selects the student's largest uncommon probabilities (the common ids masked),
+//! `hybrid_slots` computes the common KL and the sorted L1 per compared slot, then the
+//! predicting rows' dense gradient and `hybrid_grad_sparse`.
 
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -8,7 +9,7 @@ use burn_cubecl::CubeRuntime;
 
 use super::distill::{Evaluation, GradMode};
 use super::kernels::{self, BLOCK};
-use super::launch::Cube;
+use super::launch::{note, top_k, Cube, Streams, TopK};
 use crate::error::KernelError;
 use crate::LossOutput;
 
@@ -37,7 +38,20 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
     let slots = e.spec.merge.slots();
     let rest = launcher.zeros(slots * e.k, DType::F32);
     let corrections = launcher.zeros(slots * common.selected, DType::F32);
+    let uncommon_mass = e.mass.as_ref().ok_or(KernelError::Invalid {
+        what: "loss",
+        why: "the hybrid losses need the rows' uncommon mass".into(),
+    })?;
     let (count, dim) = launcher.per_item(plan.valid);
+    let (valid, k, selected) = (plan.valid, e.k, common.selected);
+    // Per slot: the kept entries and their partners (a gathered logit each), the packing of
+    // the unpartnered ones, the selected entries.
+    note(
+        "hybrid_slots",
+        Streams::logits(valid * k * e.z.dtype.size())
+            + Streams::other(valid * (k * 28 + selected * 8 + 12)),
+        Streams::other(valid * (k * 4 + selected * 4 + 8)),
+    );
     unsafe {
         kernels::hybrid_slots::launch_unchecked::<R>(
             &launcher.client,
@@ -53,7 +67,7 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
             e.teacher_logp.clone().into_array_arg(),
             common.teacher_first.clone().into_array_arg(),
             common.teacher_students.clone().into_array_arg(),
-            common.student_partner.clone().into_array_arg(),
+            uncommon_mass.clone().into_array_arg(),
             common.selected_logp.clone().into_array_arg(),
             rest.clone().into_array_arg(),
             corrections.clone().into_array_arg(),
@@ -72,20 +86,17 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
         );
     }
     if let Some(grad) = &e.grad {
-        e.predicting_grad(
-            (0, plan.valid),
-            GradMode::Hybrid {
-                student_partner: &common.student_partner,
-                lambda_uld: common.lambda_uld,
-            },
-        );
+        e.predicting_grad(GradMode::Hybrid {
+            student_partner: &common.student_partner,
+            lambda_uld: common.lambda_uld,
+        });
         sparse_grad(&e, &common, &corrections, grad);
     }
     e.finish::<B>(None)
 }
 
 /// Uploads the common set's tables and selects, per compared slot, the student's largest
-/// uncommon probabilities, best first.
+/// uncommon probabilities, best first, from the split the row pass made.
 fn select_uncommon<R: CubeRuntime>(e: &Evaluation<'_, R>) -> Result<Common<R>, KernelError> {
     let pairs = e.spec.hybrid_pairs(e.v, e.teacher_vocab)?;
     let (lambda_kl, lambda_uld) = e.spec.hybrid_lambdas();
@@ -93,8 +104,16 @@ fn select_uncommon<R: CubeRuntime>(e: &Evaluation<'_, R>) -> Result<Common<R>, K
     let uncommon = pairs.student_partner.iter().filter(|&&p| p < 0).count();
     let selected = e.k.min(uncommon);
     let slots = e.spec.merge.slots();
+    let missing = |what: &str| KernelError::Invalid {
+        what: "loss",
+        why: format!("the hybrid losses need {what} from the row pass"),
+    };
+    let student_partner = e
+        .partner
+        .clone()
+        .ok_or_else(|| missing("the partner table"))?;
     let common = Common {
-        student_partner: launcher.ints(&pairs.student_partner),
+        student_partner,
         teacher_first: launcher.ints(&pairs.teacher_first),
         teacher_students: launcher.ints(&pairs.teacher_students),
         uncommon,
@@ -107,31 +126,19 @@ fn select_uncommon<R: CubeRuntime>(e: &Evaluation<'_, R>) -> Result<Common<R>, K
     if selected == 0 {
         return Ok(common);
     }
-    let (count, dim) = launcher.per_item(plan.valid);
-    unsafe {
-        kernels::top_k::launch_unchecked::<R>(
-            &launcher.client,
-            count,
-            dim,
-            launcher.address,
-            e.z.clone().into_array_arg(),
-            e.lse.clone().into_array_arg(),
-            e.sigma.clone().into_array_arg(),
-            plan.valid_slot.clone().into_array_arg(),
-            plan.valid_row.clone().into_array_arg(),
-            common.student_partner.clone().into_array_arg(),
-            common.selected_ids.clone().into_array_arg(),
-            common.selected_logp.clone().into_array_arg(),
-            plan.valid,
-            e.v,
-            selected,
-            selected.next_power_of_two(),
-            e.tau_inv,
-            BLOCK,
-            true,
-            e.dtype,
-        );
-    }
+    let splits = e
+        .splits
+        .as_ref()
+        .ok_or_else(|| missing("the rows' split"))?;
+    let to = TopK {
+        lse: &e.lse,
+        sigma: &e.sigma,
+        splits,
+        excluded: Some(&common.student_partner),
+        ids: &common.selected_ids,
+        values: &common.selected_logp,
+    };
+    top_k(launcher, &e.z, plan, to, (e.v, selected, e.tau_inv));
     Ok(common)
 }
 
@@ -145,6 +152,12 @@ fn sparse_grad<R: CubeRuntime>(
 ) {
     let (launcher, plan) = (&e.launcher, &e.plan);
     let (count, dim) = launcher.elementwise(plan.valid * (e.k + common.selected));
+    let entries = plan.valid * (e.k + common.selected);
+    note(
+        "hybrid_grad_sparse",
+        Streams::gradient(entries * e.z.dtype.size()) + Streams::other(entries * 16),
+        Streams::gradient(entries * e.z.dtype.size()),
+    );
     unsafe {
         kernels::hybrid_grad_sparse::launch_unchecked::<R>(
             &launcher.client,

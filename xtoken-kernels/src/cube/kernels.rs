@@ -15,8 +15,13 @@ use cubecl::prelude::*;
 pub const BLOCK: usize = 256;
 
 /// Per row of `z` `[rows, v]`: `lse[row] = log Σ exp(z·t)`, and `bad[row] = 1` when the row
-/// holds NaN or +∞ or only −∞ (then `lse` is meaningless). One cube per row; each unit keeps an
-/// online (max, sum), merged by a tree in shared memory, so the row is read once.
+/// holds NaN or +∞ or only −∞ (then `lse` is meaningless). With `weighted`, in the same pass,
+/// `mass[row] = Σ_s weights[s] p[row, s]`: P-KL's re-normalization `ρ` (W's row sums as the
+/// weights), the hybrid losses' uncommon mass (1 on the ids without a partner). One cube per
+/// row; each unit keeps an online (max, sum, weighted sum), merged by a tree in shared memory,
+/// so the row is read once. With `split`, the same pass counts the row's order keys in a
+/// histogram and finds the bin of the `keep`-th largest (`split_bin`), which `top_k` then
+/// selects from in one more pass.
 ///
 /// No infinity or NaN constants appear: WGSL has no literal for them, and a kernel that fails
 /// to compile on the device would leave its outputs untouched. `f32::MIN` stands for "no value
@@ -26,12 +31,20 @@ pub const BLOCK: usize = 256;
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn row_lse<F: Float>(
     z: &Array<F>,
+    weights: &Array<f32>,
+    excluded: &Array<i32>,
     lse: &mut Array<f32>,
     bad: &mut Array<u32>,
+    mass: &mut Array<f32>,
+    splits: &mut Array<u32>,
     rows: usize,
     v: usize,
     t: f32,
+    keep: u32,
     #[comptime] block: usize,
+    #[comptime] weighted: bool,
+    #[comptime] split: bool,
+    #[comptime] masked: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let row = CUBE_POS;
@@ -39,28 +52,53 @@ pub fn row_lse<F: Float>(
         terminate!();
     }
     let tid = UNIT_POS as usize;
+    let hist = SharedMemory::<Atomic<u32>>::new(comptime!(if split { SPLIT_BINS } else { 1 }));
+    if comptime![split] {
+        let mut b = tid;
+        while b < SPLIT_BINS {
+            hist[b].store(0u32);
+            b += block;
+        }
+    }
+    sync_cube();
     let mut m = f32::new(f32::MIN);
     let mut s = 0.0f32;
+    let mut sw = 0.0f32;
     let mut flag = 0u32;
     let mut c = tid;
     while c < v {
-        let x = f32::cast_from(z[row * v + c]) * t;
+        let raw = f32::cast_from(z[row * v + c]);
+        if comptime![split] {
+            let key = entry_key(raw, excluded, c, masked);
+            hist[usize::cast_from(key >> SPLIT_SHIFT)].fetch_add(1u32);
+        }
+        let x = raw * t;
+        let mut w = 0.0f32;
+        if comptime![weighted] {
+            w = weights[c];
+        }
         // `!(x < MAX)` catches NaN and +∞ alike.
         if !(x < f32::MAX) {
             flag = 1u32;
         } else if x > m {
-            s = s * (m - x).exp() + 1.0f32;
+            let rescale = (m - x).exp();
+            s = s * rescale + 1.0f32;
+            sw = sw * rescale + w;
             m = x;
         } else if x > f32::MIN {
-            s += (x - m).exp();
+            let e = (x - m).exp();
+            s += e;
+            sw += w * e;
         }
         c += block;
     }
     let mut max_shared = SharedMemory::<f32>::new(block);
     let mut sum_shared = SharedMemory::<f32>::new(block);
+    let mut weighted_shared = SharedMemory::<f32>::new(block);
     let mut bad_shared = SharedMemory::<u32>::new(block);
     max_shared[tid] = m;
     sum_shared[tid] = s;
+    weighted_shared[tid] = sw;
     bad_shared[tid] = flag;
     sync_cube();
     let mut stride = (CUBE_DIM / 2) as usize;
@@ -72,8 +110,10 @@ pub fn row_lse<F: Float>(
             if m2 > m1 {
                 mm = m2;
             }
+            let (r1, r2) = ((m1 - mm).exp(), (m2 - mm).exp());
             max_shared[tid] = mm;
-            sum_shared[tid] = s1 * (m1 - mm).exp() + s2 * (m2 - mm).exp();
+            sum_shared[tid] = s1 * r1 + s2 * r2;
+            weighted_shared[tid] = weighted_shared[tid] * r1 + weighted_shared[tid + stride] * r2;
             bad_shared[tid] = bad_shared[tid] | bad_shared[tid + stride];
         }
         sync_cube();
@@ -87,6 +127,21 @@ pub fn row_lse<F: Float>(
         }
         bad[row] = flag;
         lse[row] = max_shared[0] + total.ln();
+        if comptime![weighted] {
+            let mut found = 0.0f32;
+            if total > 0.0f32 {
+                found = weighted_shared[0] / total;
+            }
+            mass[row] = found;
+        }
+    }
+    if comptime![split] {
+        let mut found = SharedMemory::<u32>::new(3usize);
+        split_bin(&hist, &mut found, keep, block);
+        sync_cube();
+        if tid < 3 {
+            splits[row * 3 + tid] = found[tid];
+        }
     }
 }
 
@@ -242,40 +297,6 @@ pub fn pkl_row_mass(
     row_mass[s] = acc;
 }
 
-/// Per compared slot of a chunk (one cube each): the student mass that W maps,
-/// `ρ = Σ_s r_s p[row, s]`, the denominator of P-KL's re-normalization.
-#[cube(launch_unchecked, address_type = "dynamic")]
-pub fn pkl_mass<F: Float>(
-    z: &Array<F>,
-    lse: &Array<f32>,
-    valid_row: &Array<i32>,
-    row_mass: &Array<f32>,
-    mass: &mut Array<f32>,
-    first: usize,
-    count: usize,
-    v: usize,
-    t: f32,
-    #[comptime] block: usize,
-    #[define(F)] _dtype: StorageType,
-) {
-    let local = CUBE_POS;
-    if local >= count {
-        terminate!();
-    }
-    let row = usize::cast_from(valid_row[first + local]);
-    let base = lse[row];
-    let mut acc = 0.0f32;
-    let mut s = UNIT_POS as usize;
-    while s < v {
-        acc += row_mass[s] * (f32::cast_from(z[row * v + s]) * t - base).exp();
-        s += block;
-    }
-    let total = block_sum(acc, block);
-    if UNIT_POS == 0 {
-        mass[local] = total;
-    }
-}
-
 /// P-KL per kept entry `(i, j)` of a chunk of compared slots (`first..first + count`): the
 /// re-normalized projected student probability through W's column of the teacher id,
 /// `p̃ = e^σ / ρ · Σ_{e ∈ col(id)} w[e] · p[row, e / kw]` (0 when `ρ = 0`); writes the loss
@@ -327,7 +348,7 @@ pub fn pkl_entries<F: Float>(
             acc += weights[entry] * (f32::cast_from(z[row * v + s]) * t - base).exp();
             e += 1;
         }
-        let rho = mass[local];
+        let rho = mass[row];
         let mut projected = 0.0f32;
         if rho > 0.0f32 {
             projected = sigma[slot].exp() / rho * acc;
@@ -380,12 +401,10 @@ pub fn slot_sums(
 }
 
 /// The predicting rows' gradient, written whole: `grad[row, s] = c (h_s − p_s Σh)`. With
-/// `projected`, `h_s = p_s (e^σ / ρ · Σ_k w[s, k] · g[idx[s, k]] + Σh (1 − r_s / ρ))` gathers
-/// the chunk's scattered `g` (P-KL's backward through W and its re-normalization, in W's own
-/// row layout; 0 when `ρ = 0`); with `hybrid`, `h_s = λ_ULD e^σ p_s` on
-/// the uncommon ids (`indices` is then the student's partner table); otherwise `h` is zero here.
-/// KL and the hybrid objectives add their sparse parts afterwards.
-// The comptime tests stay apart from the runtime ones they guard.
+/// `hybrid`, `h_s = λ_ULD e^σ p_s` on the uncommon ids (`partner` is the student's partner
+/// table); otherwise `h` is zero here. KL and the hybrid objectives add their sparse parts
+/// afterwards; P-KL has its own kernel (`pkl_grad`).
+// The comptime test stays apart from the runtime one it guards.
 #[allow(clippy::collapsible_if)]
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn predicting_grad<F: Float>(
@@ -395,20 +414,13 @@ pub fn predicting_grad<F: Float>(
     dsigma: &Array<f32>,
     valid_slot: &Array<i32>,
     valid_row: &Array<i32>,
-    indices: &Array<i32>,
-    weights: &Array<f32>,
-    scattered: &Array<f32>,
-    mass: &Array<f32>,
+    partner: &Array<i32>,
     grad: &mut Array<F>,
-    first: usize,
     count: usize,
-    kw: usize,
     v: usize,
-    vt: usize,
     t: f32,
     c: f32,
     lambda: f32,
-    #[comptime] projected: bool,
     #[comptime] hybrid: bool,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -417,79 +429,102 @@ pub fn predicting_grad<F: Float>(
     }
     let local = ABSOLUTE_POS / v;
     let s = ABSOLUTE_POS % v;
-    let slot = usize::cast_from(valid_slot[first + local]);
-    let row = usize::cast_from(valid_row[first + local]);
+    let slot = usize::cast_from(valid_slot[local]);
+    let row = usize::cast_from(valid_row[local]);
     let at = row * v + s;
     let p = (f32::cast_from(z[at]) * t - lse[row]).exp();
     let mut h = 0.0f32;
-    if comptime![projected] {
-        let rho = mass[local];
-        if rho > 0.0f32 {
-            let mut acc = 0.0f32;
-            let mut r = 0.0f32;
-            for kk in 0..kw {
-                let id = indices[s * kw + kk];
-                if id >= 0i32 {
-                    let w = weights[s * kw + kk];
-                    acc += w * scattered[local * vt + usize::cast_from(id)];
-                    r += w;
-                }
-            }
-            h = p * (sigma[slot].exp() / rho * acc + dsigma[slot] * (1.0f32 - r / rho));
-        }
-    }
     if comptime![hybrid] {
-        // `indices` is the student's partner table: uncommon ids get `λ_ULD · a` (d = 1).
-        if indices[s] < 0i32 {
+        if partner[s] < 0i32 {
             h = lambda * sigma[slot].exp() * p;
         }
     }
     grad[at] = F::cast_from(c * (h - p * dsigma[slot]));
 }
 
-/// P-KL's gradient to W's values, one unit per student id `s` (its `kw` entries), summing the
-/// chunk's slots in order: `gw[s, k] += scale Σ_i p_i[s] / ρ_i (e^σ_i g_i[idx[s, k]] − Σh_i)`;
-/// the second term is the re-normalization's, through `ρ_i`, on every occupied entry.
+/// P-KL's backward for a chunk of compared slots (`first..first + count`), one unit per student
+/// id `s`, walking the chunk's rows: each logit is read once, its gradient written once
+/// (`logits`), and W's gradient for row `s` summed in registers over the chunk and added once
+/// (`weights_grad`). With `ρ` the row's re-normalization mass (0: nothing flows),
+///
+/// - `grad[row, s] = c (h_s − p_s Σh)`, `h_s = p_s (e^σ / ρ · Σ_k w[s, k] g[idx[s, k]] +
+///   Σh (1 − r_s / ρ))`: the projection's backward to `p̂` through W's row and its
+///   re-normalization, gathering the chunk's scattered `g`;
+/// - `gw[s, k] += scale Σ_rows p_s / ρ (e^σ g[idx[s, k]] − Σh)` on occupied entries.
+///
+/// Adjacent units read adjacent logits of a row; `kw` (W's width) is fixed for a run.
 #[cube(launch_unchecked, address_type = "dynamic")]
-pub fn pkl_grad_weights<F: Float>(
+pub fn pkl_grad<F: Float>(
     z: &Array<F>,
     lse: &Array<f32>,
     sigma: &Array<f32>,
     dsigma: &Array<f32>,
+    mass: &Array<f32>,
     valid_slot: &Array<i32>,
     valid_row: &Array<i32>,
     indices: &Array<i32>,
+    weights: &Array<f32>,
     scattered: &Array<f32>,
-    mass: &Array<f32>,
+    grad: &mut Array<F>,
     grad_weights: &mut Array<f32>,
     first: usize,
     count: usize,
-    kw: usize,
     v: usize,
     vt: usize,
     t: f32,
+    c: f32,
     scale: f32,
+    #[comptime] kw: usize,
+    #[comptime] logits: bool,
+    #[comptime] weights_grad: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let s = ABSOLUTE_POS;
     if s >= v {
         terminate!();
     }
-    // The unit owns its row's entries: read-modify-write without races, `p` once per slot.
+    let mut ids = Array::<i32>::new(kw);
+    let mut w = Array::<f32>::new(kw);
+    let mut gw = Array::<f32>::new(kw);
+    let mut r = 0.0f32;
+    for kk in 0..kw {
+        ids[kk] = indices[s * kw + kk];
+        w[kk] = weights[s * kw + kk];
+        gw[kk] = 0.0f32;
+        if ids[kk] >= 0i32 {
+            r += w[kk];
+        }
+    }
     for local in 0..count {
-        let rho = mass[local];
+        let slot = usize::cast_from(valid_slot[first + local]);
+        let row = usize::cast_from(valid_row[first + local]);
+        let at = row * v + s;
+        let p = (f32::cast_from(z[at]) * t - lse[row]).exp();
+        let rho = mass[row];
+        let ds = dsigma[slot];
+        let mut h = 0.0f32;
         if rho > 0.0f32 {
-            let slot = usize::cast_from(valid_slot[first + local]);
-            let row = usize::cast_from(valid_row[first + local]);
-            let weight = scale * (f32::cast_from(z[row * v + s]) * t - lse[row]).exp() / rho;
             let es = sigma[slot].exp();
+            let weight = scale * p / rho;
+            let mut acc = 0.0f32;
             for kk in 0..kw {
-                let id = indices[s * kw + kk];
-                if id >= 0i32 {
-                    let g = scattered[local * vt + usize::cast_from(id)];
-                    grad_weights[s * kw + kk] += weight * (es * g - dsigma[slot]);
+                if ids[kk] >= 0i32 {
+                    let g = scattered[local * vt + usize::cast_from(ids[kk])];
+                    acc += w[kk] * g;
+                    if comptime![weights_grad] {
+                        gw[kk] += weight * (es * g - ds);
+                    }
                 }
             }
+            h = p * (es / rho * acc + ds * (1.0f32 - r / rho));
+        }
+        if comptime![logits] {
+            grad[at] = F::cast_from(c * (h - p * ds));
+        }
+    }
+    if comptime![weights_grad] {
+        for kk in 0..kw {
+            grad_weights[s * kw + kk] += gw[kk];
         }
     }
 }
@@ -743,19 +778,90 @@ fn keep_better_first(
     }
 }
 
+/// Bits of the order key that the row pass's histogram resolves (`row_lse` with `split`).
+pub const SPLIT_BITS: u32 = 11;
+/// Bins of that histogram.
+pub const SPLIT_BINS: usize = 1 << SPLIT_BITS;
+/// The shift that leaves a key's histogram bin.
+const SPLIT_SHIFT: u32 = 32 - SPLIT_BITS;
+/// The shift and mask of a key's second-level bin (the next `SPLIT_BITS`).
+const SUB_SHIFT: u32 = SPLIT_SHIFT - SPLIT_BITS;
+const SUB_MASK: u32 = (1 << SPLIT_BITS) - 1;
+
+/// From a histogram of `SPLIT_BINS` bins of order-key bits, the bin that holds the `keep`-th
+/// largest: `found = (bin, entries in higher bins, entries in the bin)`, set by one unit (the
+/// caller syncs before reading it; nothing is set when the histogram holds fewer than `keep`).
+/// The units' counts go in by shared-memory atomics (integer counts: the result does not
+/// depend on their order).
+#[cube]
+fn split_bin(
+    hist: &SharedMemory<Atomic<u32>>,
+    found: &mut SharedMemory<u32>,
+    keep: u32,
+    #[comptime] block: usize,
+) {
+    let tid = UNIT_POS as usize;
+    let per = comptime!(SPLIT_BINS / block);
+    let mut own = 0u32;
+    for j in 0..per {
+        own += hist[tid * per + j].load();
+    }
+    // Inclusive suffix sums over the units: `suffix[u]` counts the keys in units `u..`.
+    let mut suffix = SharedMemory::<u32>::new(block);
+    suffix[tid] = own;
+    sync_cube();
+    let mut offset = 1usize;
+    while offset < block {
+        let mut add = 0u32;
+        if tid + offset < block {
+            add = suffix[tid + offset];
+        }
+        sync_cube();
+        suffix[tid] += add;
+        sync_cube();
+        offset *= 2;
+    }
+    let after = suffix[tid] - own;
+    if after < keep && suffix[tid] >= keep {
+        let mut above = after;
+        let mut done = false;
+        for j in 0..per {
+            let bin = tid * per + per - 1 - j;
+            let count = hist[bin].load();
+            if !done {
+                if above + count >= keep {
+                    found[0] = u32::cast_from(bin);
+                    found[1] = above;
+                    found[2] = count;
+                    done = true;
+                } else {
+                    above += count;
+                }
+            }
+        }
+    }
+}
+
 /// The top-K of one compared slot per cube, best first (larger logit, then smaller id, as the
 /// host orders them), with merged log-probabilities `z·t − lse + σ`: the teacher's kept entries,
 /// or (with `masked`) the student's largest probabilities outside the common set.
 ///
-/// 1. Radix select, 8 passes of 4 bits from the top of the order key: per-unit histograms in
-///    shared memory (no atomics), summed per bin, give the K-th largest key and how many
-///    entries equal to it are kept (the smallest ids among ties).
-/// 2. Compaction in id order: each unit owns a contiguous segment; a scan of the per-unit
-///    counts gives every kept entry its place.
+/// `row_lse` has found, in its pass over the row, the histogram bin of the K-th largest key
+/// (`splits`: the bin, the entries above it, the entries in it). Then:
+///
+/// 1. One coalesced pass over the row: entries of higher bins are kept (each unit appends by a
+///    shared-memory counter), entries of the bin are the candidates, appended to the slot's
+///    scratch list (`cap` long).
+/// 2. The candidates are sorted best first in place and the best `K − above` kept.
 /// 3. A bitonic sort of the K entries in place (compare-exchanges between `sync_storage`
 ///    barriers; `n2` is K rounded up to a power of two).
-// Kernels have no `usize::div_ceil`.
-#[allow(clippy::manual_div_ceil)]
+///
+/// A row whose bin holds more than `cap` candidates first splits the bin by the keys' next
+/// `SPLIT_BITS` bits in one more pass (the bin's keys above the sub-bin are kept, the sub-bin's
+/// are the candidates); where even that overflows (most of the row equal, say), the row takes
+/// the exact radix select (`radix_select`: eight more passes of 4 bits, a count and a
+/// compaction). Every barrier sits in control flow uniform over the cube: which path runs is
+/// decided by data, so both paths' loops run and only their bodies are skipped.
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn top_k<F: Float>(
     z: &Array<F>,
@@ -764,12 +870,16 @@ pub fn top_k<F: Float>(
     valid_slot: &Array<i32>,
     valid_row: &Array<i32>,
     excluded: &Array<i32>,
+    splits: &Array<u32>,
     ids: &mut Array<i32>,
     values: &mut Array<f32>,
+    scratch_ids: &mut Array<i32>,
+    scratch_values: &mut Array<f32>,
     valid: usize,
     v: usize,
     k: usize,
     n2: usize,
+    cap: usize,
     t: f32,
     #[comptime] block: usize,
     #[comptime] masked: bool,
@@ -784,6 +894,198 @@ pub fn top_k<F: Float>(
     let slot = usize::cast_from(valid_slot[i]);
     let base = row * v;
     let out = slot * k;
+    let bin = splits[row * 3];
+    let above_bin = splits[row * 3 + 1];
+    let in_bin = usize::cast_from(splits[row * 3 + 2]);
+    let scratch = i * cap;
+
+    // A bin that overflows the list: the next `SPLIT_BITS` of its keys, in one more pass.
+    let refine = in_bin > cap;
+    let mut found = SharedMemory::<u32>::new(3usize);
+    let keep = u32::cast_from(k) - above_bin;
+    split_within(
+        z, excluded, &mut found, base, v, bin, keep, refine, block, masked,
+    );
+    let mut sub = 0u32;
+    let mut above = usize::cast_from(above_bin);
+    let mut candidates = in_bin;
+    if refine {
+        sub = found[0];
+        above += usize::cast_from(found[1]);
+        candidates = usize::cast_from(found[2]);
+    }
+    let fast = candidates <= cap;
+
+    let counters = SharedMemory::<Atomic<u32>>::new(2usize);
+    if tid == 0 {
+        counters[0].store(0u32);
+        counters[1].store(0u32);
+    }
+    sync_cube();
+    if fast {
+        let mut x = tid;
+        while x < v {
+            let value = f32::cast_from(z[base + x]);
+            let key = entry_key(value, excluded, x, masked);
+            let top = key >> SPLIT_SHIFT;
+            let mid = (key >> SUB_SHIFT) & SUB_MASK;
+            if top > bin || (refine && top == bin && mid > sub) {
+                let at = usize::cast_from(counters[0].fetch_add(1u32));
+                ids[out + at] = i32::cast_from(x);
+                values[out + at] = value;
+            } else if top == bin && (!refine || mid == sub) {
+                let at = usize::cast_from(counters[1].fetch_add(1u32));
+                scratch_ids[scratch + at] = i32::cast_from(x);
+                scratch_values[scratch + at] = value;
+            }
+            x += block;
+        }
+    }
+    sync_storage();
+    sync_cube();
+    // The candidates best first: a sort over `cap` (uniform) of those that exist.
+    let mut listed = 0usize;
+    if fast {
+        listed = candidates;
+    }
+    sort_best_first(scratch_ids, scratch_values, scratch, cap, listed, block);
+    if fast {
+        let mut j = tid;
+        while j < k - above {
+            ids[out + above + j] = scratch_ids[scratch + j];
+            values[out + above + j] = scratch_values[scratch + j];
+            j += block;
+        }
+    }
+    radix_select(
+        z, excluded, ids, values, base, out, v, k, !fast, block, masked,
+    );
+    sync_storage();
+    sync_cube();
+
+    sort_best_first(ids, values, out, n2, k, block);
+    let shift = sigma[slot] - lse[row];
+    let mut j = tid;
+    while j < k {
+        values[out + j] = values[out + j] * t + shift;
+        j += block;
+    }
+}
+
+/// The second-level split of the first-level `bin` of the row at `base` (`v` long): with
+/// `active`, one pass counts the bin's keys by their next `SPLIT_BITS` bits and
+/// `found` gets the sub-bin of the `keep`-th largest among them (`split_bin`); without, the
+/// barriers run and nothing is read.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn split_within<F: Float>(
+    z: &Array<F>,
+    excluded: &Array<i32>,
+    found: &mut SharedMemory<u32>,
+    base: usize,
+    v: usize,
+    bin: u32,
+    keep: u32,
+    active: bool,
+    #[comptime] block: usize,
+    #[comptime] masked: bool,
+) {
+    let tid = UNIT_POS as usize;
+    let hist = SharedMemory::<Atomic<u32>>::new(SPLIT_BINS);
+    let mut b = tid;
+    while b < SPLIT_BINS {
+        hist[b].store(0u32);
+        b += block;
+    }
+    sync_cube();
+    if active {
+        let mut x = tid;
+        while x < v {
+            let key = entry_key(f32::cast_from(z[base + x]), excluded, x, masked);
+            if key >> SPLIT_SHIFT == bin {
+                hist[usize::cast_from((key >> SUB_SHIFT) & SUB_MASK)].fetch_add(1u32);
+            }
+            x += block;
+        }
+    }
+    sync_cube();
+    split_bin(&hist, found, keep, block);
+    sync_cube();
+}
+
+/// Bitonic sort of `list[at..at + n]`, best first, where entries at `limit` and beyond do not
+/// exist (`n` a power of two, uniform over the cube).
+#[cube]
+fn sort_best_first(
+    ids: &mut Array<i32>,
+    values: &mut Array<f32>,
+    at: usize,
+    n: usize,
+    limit: usize,
+    #[comptime] block: usize,
+) {
+    let tid = UNIT_POS as usize;
+    let pairs = n / 2;
+    let mut size = 2usize;
+    while size <= n {
+        let half = size / 2;
+        let mut p = tid;
+        while p < pairs {
+            let start = (p / half) * size;
+            let offset = p % half;
+            keep_better_first(
+                ids,
+                values,
+                at,
+                start + offset,
+                start + size - 1 - offset,
+                limit,
+            );
+            p += block;
+        }
+        sync_storage();
+        sync_cube();
+        let mut d = half / 2;
+        while d > 0 {
+            let mut p = tid;
+            while p < pairs {
+                let a = (p / d) * 2 * d + p % d;
+                keep_better_first(ids, values, at, a, a + d, limit);
+                p += block;
+            }
+            sync_storage();
+            sync_cube();
+            d /= 2;
+        }
+        size *= 2;
+    }
+}
+
+/// The exact top-K of a row in id order, unsorted, when `active` (the cube's barriers run
+/// either way; only the work is skipped).
+///
+/// 1. Radix select, 8 passes of 4 bits from the top of the order key: per-unit histograms in
+///    shared memory (no atomics), summed per bin, give the K-th largest key and how many
+///    entries equal to it are kept (the smallest ids among ties).
+/// 2. Compaction in id order: each unit owns a contiguous segment; a scan of the per-unit
+///    counts gives every kept entry its place.
+// Kernels have no `usize::div_ceil`.
+#[allow(clippy::manual_div_ceil, clippy::too_many_arguments)]
+#[cube]
+fn radix_select<F: Float>(
+    z: &Array<F>,
+    excluded: &Array<i32>,
+    ids: &mut Array<i32>,
+    values: &mut Array<f32>,
+    base: usize,
+    out: usize,
+    v: usize,
+    k: usize,
+    active: bool,
+    #[comptime] block: usize,
+    #[comptime] masked: bool,
+) {
+    let tid = UNIT_POS as usize;
     let segment = (v + block - 1) / block;
     let mut lo = tid * segment;
     if lo > v {
@@ -792,6 +1094,9 @@ pub fn top_k<F: Float>(
     let mut hi = lo + segment;
     if hi > v {
         hi = v;
+    }
+    if !active {
+        hi = lo;
     }
 
     let mut hist = SharedMemory::<u32>::new(block * 16usize);
@@ -899,50 +1204,6 @@ pub fn top_k<F: Float>(
         }
         x += 1;
     }
-    sync_storage();
-    sync_cube();
-
-    let pairs = n2 / 2;
-    let mut size = 2usize;
-    while size <= n2 {
-        let half = size / 2;
-        let mut p = tid;
-        while p < pairs {
-            let start = (p / half) * size;
-            let offset = p % half;
-            keep_better_first(
-                ids,
-                values,
-                out,
-                start + offset,
-                start + size - 1 - offset,
-                k,
-            );
-            p += block;
-        }
-        sync_storage();
-        sync_cube();
-        let mut d = half / 2;
-        while d > 0 {
-            let mut p = tid;
-            while p < pairs {
-                let a = (p / d) * 2 * d + p % d;
-                keep_better_first(ids, values, out, a, a + d, k);
-                p += block;
-            }
-            sync_storage();
-            sync_cube();
-            d /= 2;
-        }
-        size *= 2;
-    }
-
-    let shift = sigma[slot] - lse[row];
-    let mut j = tid;
-    while j < k {
-        values[out + j] = values[out + j] * t + shift;
-        j += block;
-    }
 }
 
 /// Per row with an observed next token `y` (one cube each), on the untempered distribution:
@@ -1000,13 +1261,68 @@ pub fn confidence_rows<F: Float>(
     }
 }
 
+/// Packs the probabilities of a slot's teacher entries without a student partner into
+/// `rest[out..]`, in entry order, and returns how many: per run of `block` entries, a flag per
+/// unit and an inclusive scan of the flags in shared memory give each its place.
+#[cube]
+fn pack_rest(
+    teacher_ids: &Array<i32>,
+    teacher_logp: &Array<f32>,
+    teacher_first: &Array<i32>,
+    rest: &mut Array<f32>,
+    out: usize,
+    k: usize,
+    #[comptime] block: usize,
+) -> usize {
+    let tid = UNIT_POS as usize;
+    let mut scan = SharedMemory::<u32>::new(block);
+    let mut found = 0usize;
+    let mut base = 0usize;
+    while base < k {
+        let j = base + tid;
+        let mut flag = 0u32;
+        let mut q = 0.0f32;
+        if j < k {
+            let id = usize::cast_from(teacher_ids[out + j]);
+            if teacher_first[id] == teacher_first[id + 1] {
+                flag = 1u32;
+                let lq = teacher_logp[out + j];
+                if lq > f32::MIN {
+                    q = lq.exp();
+                }
+            }
+        }
+        scan[tid] = flag;
+        sync_cube();
+        let mut offset = 1usize;
+        while offset < block {
+            let mut add = 0u32;
+            if tid >= offset {
+                add = scan[tid - offset];
+            }
+            sync_cube();
+            scan[tid] += add;
+            sync_cube();
+            offset *= 2;
+        }
+        if flag == 1u32 {
+            rest[out + found + usize::cast_from(scan[tid]) - 1] = q;
+        }
+        found += usize::cast_from(scan[block - 1]);
+        sync_cube();
+        base += block;
+    }
+    found
+}
+
 /// GOLD / H-KL / ULD of one compared slot per cube. The common KL runs over the pairs of C whose
 /// teacher token is a kept entry (a teacher token may have several student partners); the
 /// sorted L1 pairs the teacher's remaining entries (already
 /// in descending order, as the entries are best first) with the student's largest uncommon
-/// probabilities, selected beforehand by `top_k` with the common ids masked. Writes the loss,
-/// `Σh`, and per selected entry the correction `a (d − 1)` of its gradient term (`d` the sign of
-/// `a − b`; the dense kernel assumes `d = 1` for every uncommon id).
+/// probabilities, selected beforehand by `top_k` with the common ids masked; the uncommon ids'
+/// whole mass comes from the row's pass (`uncommon_mass`, per row), so the kernel reads no full
+/// row. Writes the loss, `Σh`, and per selected entry the correction `a (d − 1)` of its gradient
+/// term (`d` the sign of `a − b`; the dense kernel assumes `d = 1` for every uncommon id).
 #[cube(launch_unchecked, address_type = "dynamic")]
 pub fn hybrid_slots<F: Float>(
     z: &Array<F>,
@@ -1018,7 +1334,7 @@ pub fn hybrid_slots<F: Float>(
     teacher_logp: &Array<f32>,
     teacher_first: &Array<i32>,
     teacher_students: &Array<i32>,
-    student_partner: &Array<i32>,
+    uncommon_mass: &Array<f32>,
     selected_logp: &Array<f32>,
     rest: &mut Array<f32>,
     corrections: &mut Array<f32>,
@@ -1069,38 +1385,21 @@ pub fn hybrid_slots<F: Float>(
         }
         j += block;
     }
-    let mut mass = 0.0f32;
-    let mut s = tid;
-    while s < v {
-        if student_partner[s] < 0i32 {
-            mass += (f32::cast_from(z[row * v + s]) * t + shift).exp();
-        }
-        s += block;
-    }
     let kl_total = block_sum(kl, block);
     let common_total = block_sum(common_q, block);
-    let mass_total = block_sum(mass, block);
-
-    let mut count = SharedMemory::<u32>::new(1usize);
-    if tid == 0 {
-        let mut found = 0u32;
-        for jj in 0..k {
-            let id = usize::cast_from(teacher_ids[slot * k + jj]);
-            if teacher_first[id] == teacher_first[id + 1] {
-                let lq = teacher_logp[slot * k + jj];
-                let mut q = 0.0f32;
-                if lq > f32::MIN {
-                    q = lq.exp();
-                }
-                rest[slot * k + usize::cast_from(found)] = q;
-                found += 1u32;
-            }
-        }
-        count[0usize] = found;
-    }
+    // The uncommon ids' merged mass, `e^σ Σ_uncommon p`, from the row's pass (`row_lse`).
+    let mass_total = sigma[slot].exp() * uncommon_mass[row];
+    let found = pack_rest(
+        teacher_ids,
+        teacher_logp,
+        teacher_first,
+        rest,
+        slot * k,
+        k,
+        block,
+    );
     sync_storage();
     sync_cube();
-    let found = usize::cast_from(count[0usize]);
     let mut paired = found;
     if uncommon < paired {
         paired = uncommon;

@@ -6,7 +6,7 @@ use burn_cubecl::CubeRuntime;
 
 use super::distill::{Evaluation, GradMode};
 use super::kernels::{self, BLOCK};
-use super::launch::Cube;
+use super::launch::{note, Cube, Streams};
 use crate::error::KernelError;
 use crate::LossOutput;
 
@@ -16,6 +16,12 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
 ) -> Result<LossOutput<B>, KernelError> {
     let (launcher, plan) = (&e.launcher, &e.plan);
     let (count, dim) = launcher.per_item(plan.valid);
+    let entries = plan.valid * e.k;
+    note(
+        "kl_slots",
+        Streams::logits(entries * e.z.dtype.size()) + Streams::other(entries * 8),
+        Streams::other(plan.valid * 8),
+    );
     unsafe {
         kernels::kl_slots::launch_unchecked::<R>(
             &launcher.client,
@@ -40,7 +46,7 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
         );
     }
     if let Some(grad) = &e.grad {
-        e.predicting_grad((0, plan.valid), GradMode::Kl);
+        e.predicting_grad(GradMode::Kl);
         sparse_grad(&e, grad);
     }
     e.finish::<B>(None)
@@ -50,6 +56,12 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
 fn sparse_grad<R: CubeRuntime>(e: &Evaluation<'_, R>, grad: &CubeTensor<R>) {
     let (launcher, plan) = (&e.launcher, &e.plan);
     let (count, dim) = launcher.elementwise(plan.valid * e.k);
+    let entries = plan.valid * e.k;
+    note(
+        "kl_grad_sparse",
+        Streams::gradient(entries * e.z.dtype.size()) + Streams::other(entries * 8),
+        Streams::gradient(entries * e.z.dtype.size()),
+    );
     unsafe {
         kernels::kl_grad_sparse::launch_unchecked::<R>(
             &launcher.client,

@@ -16,6 +16,7 @@ use crate::checks::finite_loss;
 use crate::deferred::{check_later, deferring};
 use crate::error::KernelError;
 use crate::spec::MergePlan;
+pub(super) use crate::traffic::{note, Streams};
 use crate::{LossOutput, XTokenBackend};
 
 /// The backend ops the launcher needs, on any `CubeBackend` (its float and int tensors are
@@ -52,14 +53,24 @@ impl<R: CubeRuntime> Launcher<R> {
 
     /// An i32 array on the device (one element at least, so that an empty list still binds).
     pub(super) fn ints(&self, data: &[i32]) -> CubeTensor<R> {
-        let data: &[i32] = if data.is_empty() { &[0] } else { data };
+        self.upload(data, DType::I32)
+    }
+
+    /// An f32 array on the device (one element at least).
+    pub(super) fn floats(&self, data: &[f32]) -> CubeTensor<R> {
+        self.upload(data, DType::F32)
+    }
+
+    fn upload<T: bytemuck::Pod + Default>(&self, data: &[T], dtype: DType) -> CubeTensor<R> {
+        let one = [T::default()];
+        let data: &[T] = if data.is_empty() { &one } else { data };
         let handle = self.client.create_from_slice(bytemuck::cast_slice(data));
         CubeTensor::new_contiguous(
             self.client.clone(),
             self.device.clone(),
             Shape::new([data.len()]),
             handle,
-            DType::I32,
+            dtype,
         )
     }
 
@@ -72,6 +83,7 @@ impl<R: CubeRuntime> Launcher<R> {
     pub(super) fn zeros_of(&self, shape: Shape, dtype: DType) -> CubeTensor<R> {
         let n = shape.num_elements();
         let out = self.empty(shape, dtype);
+        note("zero", Streams::default(), Streams::other(n * dtype.size()));
         let (count, dim) = self.elementwise(n);
         unsafe {
             kernels::zero::launch_unchecked::<R>(
@@ -218,6 +230,8 @@ pub(super) struct PlanArrays<R: CubeRuntime> {
     pub(super) valid_slot: CubeTensor<R>,
     pub(super) valid_row: CubeTensor<R>,
     pub(super) valid: usize,
+    /// Continuation terms (`term_row`'s length).
+    pub(super) terms: usize,
     pub(super) continuation_rows: CubeTensor<R>,
     pub(super) row_start: CubeTensor<R>,
     pub(super) row_token: CubeTensor<R>,
@@ -274,6 +288,7 @@ impl<R: CubeRuntime> PlanArrays<R> {
             term_row: launcher.ints(&term_row),
             term_token: launcher.ints(&term_token),
             valid: valid_slot.len(),
+            terms: by_slot.len(),
             valid_slot: launcher.ints(&valid_slot),
             valid_row: launcher.ints(&valid_row),
             continuation_count: continuation_rows.len(),
@@ -287,21 +302,74 @@ impl<R: CubeRuntime> PlanArrays<R> {
     }
 }
 
-/// Row log-sum-exps of `[rows, v]` logits, tempered by `t`, with each row's non-finite flag.
+/// Row log-sum-exps of `[rows, v]` logits, tempered by `t`, with each row's non-finite flag
+/// and, when asked, its weighted probability mass and its top-K split.
 pub(super) struct RowLse<R: CubeRuntime> {
     pub(super) lse: CubeTensor<R>,
     pub(super) bad: CubeTensor<R>,
+    /// `Σ_s weights[s] p[row, s]` per row, when the pass was given weights.
+    pub(super) mass: Option<CubeTensor<R>>,
+    /// Per row, the histogram bin of the K-th largest key, the entries above it and in it
+    /// (`[rows, 3]`, u32), when the pass was given a [`Split`].
+    pub(super) splits: Option<CubeTensor<R>>,
 }
 
+/// What a top-K will select from each row: `keep` entries, with `excluded` (a `[v]` partner
+/// table: ids `>= 0` are never selected while others remain) or without.
+pub(super) struct Split<'a, R: CubeRuntime> {
+    pub(super) keep: usize,
+    pub(super) excluded: Option<&'a CubeTensor<R>>,
+}
+
+// By hand: a derive would ask `R: Copy`.
+impl<R: CubeRuntime> Clone for Split<'_, R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<R: CubeRuntime> Copy for Split<'_, R> {}
+
+/// What the row pass computes besides the log-sum-exp.
+pub(super) struct RowPass<'a, R: CubeRuntime> {
+    /// The `[v]` f32 weights of the row mass.
+    pub(super) weights: Option<&'a CubeTensor<R>>,
+    /// The top-K's split.
+    pub(super) split: Option<Split<'a, R>>,
+}
+
+impl<R: CubeRuntime> RowPass<'_, R> {
+    /// The log-sum-exp and the flag alone.
+    pub(super) fn plain() -> Self {
+        Self {
+            weights: None,
+            split: None,
+        }
+    }
+}
+
+/// One pass over each row: its log-sum-exp, its flag and what `pass` asks for.
 pub(super) fn row_lse<R: CubeRuntime>(
     launcher: &Launcher<R>,
     z: &CubeTensor<R>,
-    rows: usize,
-    v: usize,
-    t: f32,
+    (rows, v, t): (usize, usize, f32),
+    pass: RowPass<'_, R>,
 ) -> RowLse<R> {
     let lse = launcher.zeros(rows, DType::F32);
     let bad = launcher.zeros(rows, DType::U32);
+    let mass = pass.weights.map(|_| launcher.zeros(rows, DType::F32));
+    let splits = pass.split.map(|_| launcher.zeros(rows * 3, DType::U32));
+    let excluded = pass.split.and_then(|s| s.excluded);
+    let tables = [pass.weights.is_some(), excluded.is_some()];
+    let outputs = rows * (8 + 4 * usize::from(mass.is_some()) + 12 * usize::from(splits.is_some()));
+    note(
+        "row_lse",
+        Streams::logits(rows * v * z.dtype.size())
+            + Streams::other(v * 4 * tables.iter().filter(|&&t| t).count()),
+        Streams::other(outputs),
+    );
+    // Placeholders bind the arrays a pass does not touch (never read: left unset).
+    let floats = || launcher.empty(Shape::new([1]), DType::F32);
+    let unsigned = || launcher.empty(Shape::new([1]), DType::U32);
     let (count, dim) = launcher.per_item(rows);
     unsafe {
         kernels::row_lse::launch_unchecked::<R>(
@@ -310,16 +378,93 @@ pub(super) fn row_lse<R: CubeRuntime>(
             dim,
             launcher.address,
             z.clone().into_array_arg(),
+            pass.weights
+                .cloned()
+                .unwrap_or_else(floats)
+                .into_array_arg(),
+            excluded
+                .cloned()
+                .unwrap_or_else(|| launcher.ints(&[]))
+                .into_array_arg(),
             lse.clone().into_array_arg(),
             bad.clone().into_array_arg(),
+            mass.clone().unwrap_or_else(floats).into_array_arg(),
+            splits.clone().unwrap_or_else(unsigned).into_array_arg(),
             rows,
             v,
             t,
+            pass.split.map_or(0, |s| s.keep as u32),
             BLOCK,
+            pass.weights.is_some(),
+            pass.split.is_some(),
+            excluded.is_some(),
             float_dtype(z),
         );
     }
-    RowLse { lse, bad }
+    RowLse {
+        lse,
+        bad,
+        mass,
+        splits,
+    }
+}
+
+/// The row pass's results a top-K reads, and where it writes.
+pub(super) struct TopK<'a, R: CubeRuntime> {
+    pub(super) lse: &'a CubeTensor<R>,
+    pub(super) sigma: &'a CubeTensor<R>,
+    pub(super) splits: &'a CubeTensor<R>,
+    pub(super) excluded: Option<&'a CubeTensor<R>>,
+    /// `[slots, k]` outputs.
+    pub(super) ids: &'a CubeTensor<R>,
+    pub(super) values: &'a CubeTensor<R>,
+}
+
+/// `top_k` over the compared slots of `plan`: `k` entries of each predicting row of `z`
+/// (`[rows, v]`), best first, as merged log-probabilities.
+pub(super) fn top_k<R: CubeRuntime>(
+    launcher: &Launcher<R>,
+    z: &CubeTensor<R>,
+    plan: &PlanArrays<R>,
+    to: TopK<'_, R>,
+    (v, k, t): (usize, usize, f32),
+) {
+    let cap = k.next_power_of_two();
+    let scratch_ids = launcher.empty(Shape::new([(plan.valid * cap).max(1)]), DType::I32);
+    let scratch_values = launcher.empty(Shape::new([(plan.valid * cap).max(1)]), DType::F32);
+    note_top_k(plan.valid, (v, k, z.dtype.size()), to.excluded.is_some());
+    let (count, dim) = launcher.per_item(plan.valid);
+    unsafe {
+        kernels::top_k::launch_unchecked::<R>(
+            &launcher.client,
+            count,
+            dim,
+            launcher.address,
+            z.clone().into_array_arg(),
+            to.lse.clone().into_array_arg(),
+            to.sigma.clone().into_array_arg(),
+            plan.valid_slot.clone().into_array_arg(),
+            plan.valid_row.clone().into_array_arg(),
+            to.excluded
+                .cloned()
+                .unwrap_or_else(|| launcher.ints(&[]))
+                .into_array_arg(),
+            to.splits.clone().into_array_arg(),
+            to.ids.clone().into_array_arg(),
+            to.values.clone().into_array_arg(),
+            scratch_ids.into_array_arg(),
+            scratch_values.into_array_arg(),
+            plan.valid,
+            v,
+            k,
+            k.next_power_of_two(),
+            cap,
+            t,
+            BLOCK,
+            to.excluded.is_some(),
+            float_dtype(z),
+        );
+    }
 }
 
 /// The loss value as an f32 `[1]` tensor, whatever the logits' dtype: `scale · Σ terms`. A
@@ -332,6 +477,7 @@ pub(super) fn scaled_sum<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let dtype = DType::F32;
     let value = launcher.zeros(1, dtype);
+    note("scaled_sum", Streams::other(n * 4), Streams::other(4));
     unsafe {
         kernels::scaled_sum::launch_unchecked::<R>(
             &launcher.client,
@@ -390,6 +536,11 @@ fn poison_if_flagged<R: CubeRuntime>(
     }
     let listed: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
     let flag = launcher.zeros(1, DType::U32);
+    note(
+        "any_flagged",
+        Streams::other(listed.len() * 8),
+        Streams::other(4),
+    );
     unsafe {
         kernels::any_flagged::launch_unchecked::<R>(
             &launcher.client,
@@ -404,6 +555,7 @@ fn poison_if_flagged<R: CubeRuntime>(
         );
     }
     let n = out.meta.shape.num_elements();
+    note("poison", Streams::other(4), Streams::other(n * 4));
     let (count, dim) = launcher.elementwise(n);
     unsafe {
         kernels::poison::launch_unchecked::<R>(
@@ -445,6 +597,12 @@ pub(super) fn merge_shifts<R: CubeRuntime>(
     (slots, v, tau_inv): (usize, usize, f32),
 ) -> CubeTensor<R> {
     let sigma = launcher.zeros(slots, DType::F32);
+    // Each continuation term gathers one logit and its row's log-sum-exp.
+    note(
+        "merge_shift",
+        Streams::logits(plan.terms * z.dtype.size()) + Streams::other(plan.terms * 12 + slots * 4),
+        Streams::other(slots * 4),
+    );
     let (count, dim) = launcher.elementwise(slots);
     unsafe {
         kernels::merge_shift::launch_unchecked::<R>(
@@ -465,4 +623,21 @@ pub(super) fn merge_shifts<R: CubeRuntime>(
         );
     }
     sigma
+}
+
+/// Declares one `top_k` launch over `valid` rows of `v` logits of `element` bytes, keeping `k`
+/// entries each (with `masked`, through a `[v]` exclusion table): one pass over the row (a row
+/// whose split bin overflows the scratch list takes one more, or ten where the second level
+/// overflows too: data decides, not counted here), the
+/// candidates' scratch list and the entries written, and the in-place sorts' lists (a few KiB
+/// per cube, cache-resident: counted once).
+pub(super) fn note_top_k(valid: usize, (v, k, element): (usize, usize, usize), masked: bool) {
+    let table = if masked { v * 4 } else { 0 };
+    let cap = k.next_power_of_two();
+    note(
+        "top_k",
+        Streams::logits(valid * v * element)
+            + Streams::other(table + valid * (k * 12 + cap * 8 + 20)),
+        Streams::other(valid * (k * 20 + cap * 8)),
+    );
 }

@@ -4,14 +4,19 @@
 //!
 //! One distillation evaluation is a fixed sequence of launches, all deterministic:
 //!
-//! 1. `row_lse`: each logit row's log-sum-exp, reading the row once (online max and sum);
+//! 1. `row_lse`: each logit row's log-sum-exp, reading the row once (online max and sum), and
+//!    in the same pass the row's mass the loss weighs (P-KL's `ρ`, the hybrid losses'
+//!    uncommon mass);
 //! 2. `merge_shift`: the chunk merge, `σ_c` per slot from its continuation terms;
 //! 3. the loss's own launches: `kl` (KL), `pkl` (P-KL) or `hybrid` (GOLD, H-KL, ULD), each
-//!    ending with the predicting rows' gradient (`predicting_grad`);
+//!    ending with the predicting rows' gradient (`predicting_grad`; P-KL's `pkl_grad` writes
+//!    it with W's gradient in one pass);
 //! 4. `continuation_grad` and `zero_rows`: the merge's backward and the rows no slot reads;
 //! 5. `scaled_sum`: the loss.
 //!
-//! Steps 1, 2, 4 and 5 are the shared launch context (`distill`); `launch` holds the launcher
+//! Every launch declares the bytes it reads and writes ([`crate::traffic`]), which `xtoken
+//! bench kernels` sets against the floor. Steps 1, 2, 4 and 5 are the shared launch context
+//! (`distill`); `launch` holds the launcher
 //! and the helpers every launch uses, `teacher` the teacher's top-K, `ce` the cross-entropy,
 //! `adamw` the optimizer's fused update and `attention` the models' attention with its
 //! backward (four launches of their own, none of them `T × T`). The host does what is O(slots), O(|W|) or O(V):
@@ -62,16 +67,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> XTokenBack
         spec: &DistillSpec,
         want: GradRequest,
     ) -> Result<LossOutput<Self>, KernelError> {
-        let evaluation = Evaluation::new::<Self>(logits, teacher, spec, want.logits)?;
+        let evaluation = Evaluation::new::<Self>(logits, teacher, projection, spec, want.logits)?;
         match spec.loss {
             LossKind::Kl => kl::evaluate::<Self, R>(evaluation),
-            LossKind::Pkl => {
-                let w = projection.ok_or(KernelError::Invalid {
-                    what: "loss",
-                    why: "P-KL needs the projection W".into(),
-                })?;
-                pkl::evaluate::<Self, R>(evaluation, w, want.weights)
-            }
+            LossKind::Pkl => pkl::evaluate::<Self, R>(evaluation, want.weights),
             LossKind::Gold | LossKind::Hkl | LossKind::Uld => {
                 hybrid::evaluate::<Self, R>(evaluation)
             }

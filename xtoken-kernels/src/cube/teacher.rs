@@ -1,5 +1,6 @@
-//! The teacher's side on the device: `row_lse`, `merge_shift`, then `top_k` (radix select,
-//! compaction, bitonic sort) per compared slot, and `confidence_rows` on request.
+//! The teacher's side on the device: `row_lse` (with the top-K's split of each row),
+//! `merge_shift`, then `top_k` (one more pass: the entries above the split bin, the bin's
+//! candidates sorted; bitonic sort) per compared slot, and `confidence_rows` on request.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
@@ -8,8 +9,8 @@ use burn_cubecl::CubeRuntime;
 
 use super::kernels::{self, BLOCK};
 use super::launch::{
-    check_rows, float_dtype, logits_shape, merge_shifts, read_f32, row_lse, Cube, Launcher,
-    PlanArrays, RowLse,
+    check_rows, float_dtype, logits_shape, merge_shifts, note, read_f32, row_lse, top_k, Cube,
+    Launcher, PlanArrays, RowLse, RowPass, Split, Streams, TopK,
 };
 use crate::checks::{check_tau, checked_targets};
 use crate::error::KernelError;
@@ -39,11 +40,26 @@ pub(super) fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
     let launcher = Launcher::of(&z, slots * k);
     let tau_inv = 1.0 / spec.tau;
     let plan = PlanArrays::new(&spec.merge, &launcher);
-    let RowLse { lse, bad } = row_lse(&launcher, &z, n, v, tau_inv);
+    let split = Split {
+        keep: k,
+        excluded: None,
+    };
+    let pass = RowPass {
+        weights: None,
+        split: Some(split),
+    };
+    let RowLse {
+        lse, bad, splits, ..
+    } = row_lse(&launcher, &z, (n, v, tau_inv), pass);
+    let splits = splits.ok_or(KernelError::Invalid {
+        what: "teacher logits",
+        why: "the row pass made no split".into(),
+    })?;
     let sigma = merge_shifts(&launcher, &z, &lse, &plan, (slots, v, tau_inv));
     let ids = launcher.zeros_of(Shape::new([slots, k]), DType::I32);
     let logp = launcher.empty(Shape::new([slots, k]), DType::F32);
     let (count, dim) = launcher.elementwise(slots * k);
+    note("fill", Streams::default(), Streams::other(slots * k * 4));
     unsafe {
         kernels::fill::launch_unchecked::<R>(
             &launcher.client,
@@ -55,33 +71,15 @@ pub(super) fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
             slots * k,
         );
     }
-    let (count, dim) = launcher.per_item(plan.valid);
-    unsafe {
-        kernels::top_k::launch_unchecked::<R>(
-            &launcher.client,
-            count,
-            dim,
-            launcher.address,
-            z.clone().into_array_arg(),
-            lse.clone().into_array_arg(),
-            sigma.clone().into_array_arg(),
-            plan.valid_slot.clone().into_array_arg(),
-            plan.valid_row.clone().into_array_arg(),
-            launcher.ints(&[]).into_array_arg(),
-            ids.clone().into_array_arg(),
-            logp.clone().into_array_arg(),
-            plan.valid,
-            v,
-            k,
-            k.next_power_of_two(),
-            tau_inv,
-            BLOCK,
-            false,
-            float_dtype(&z),
-        );
-    }
-    // Under deferred checks a flagged row turns the log-probabilities +∞, and with them the
-    // loss that reads them (a NaN would be skipped where a loss tests for −∞).
+    let to = TopK {
+        lse: &lse,
+        sigma: &sigma,
+        splits: &splits,
+        excluded: None,
+        ids: &ids,
+        values: &logp,
+    };
+    top_k(&launcher, &z, &plan, to, (v, k, tau_inv));
     let rows = spec.merge.rows_read();
     check_rows::<B, R>(&launcher, (bad, rows), (&logp, f32::INFINITY), "teacher")?;
     let confidence = match next {
@@ -108,11 +106,16 @@ fn confidence<B: Cube<R>, R: CubeRuntime>(
     if rows.is_empty() {
         return Ok(ConfidenceStats::default());
     }
-    let RowLse { lse, bad } = row_lse(launcher, z, n, v, 1.0);
+    let RowLse { lse, bad, .. } = row_lse(launcher, z, (n, v, 1.0), RowPass::plain());
     let (row_ids, targets): (Vec<i32>, Vec<i32>) =
         rows.iter().map(|&(r, y)| (r as i32, y as i32)).unzip();
     let stats = launcher.zeros(3 * rows.len(), DType::F32);
     let (count, dim) = launcher.per_item(rows.len());
+    note(
+        "confidence_rows",
+        Streams::logits(rows.len() * v * z.dtype.size()) + Streams::other(rows.len() * 12),
+        Streams::other(rows.len() * 12),
+    );
     unsafe {
         kernels::confidence_rows::launch_unchecked::<R>(
             &launcher.client,

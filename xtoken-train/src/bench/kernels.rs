@@ -5,7 +5,8 @@
 //! clipping of its gradients over a Llama-3.2-1B-shaped student's parameter tensors, composed
 //! of burn ops and fused (`XTokenBackend::xt_adamw`). The time is set against the HBM floor: the
 //! bytes the evaluation must move at least once, over the copy bandwidth measured in the same
-//! run.
+//! run. A last table gives the bytes each kernel's launches read and write, as their launch
+//! plans declare them (`xtoken_kernels::traffic`), against the same floor.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +17,7 @@ use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
 use clap::{Args, ValueEnum};
 use xtoken_kernels::layout::ProjectionLayout;
 use xtoken_kernels::memory::DeviceMemory;
+use xtoken_kernels::traffic::{by_kernel, recording, total, Launch};
 use xtoken_kernels::{
     host, CommonPairs, DistillSpec, EntriesSpec, GradRequest, LossKind, MergePlan,
     ProjectionTensors, TeacherEntries, XTokenBackend,
@@ -362,9 +364,17 @@ fn run_on<B: XTokenBackend + DeviceMemory>(args: &KernelBenchArgs, place: &str) 
         ),
         (Op::TopK, "teacher top-K", n * vt * element + n * k * 8),
     ];
+    let mut traffic = Vec::new();
     for (op, name, floor_bytes) in operations {
         eprintln!("{name}");
-        evaluate(&inputs, op, args.path, &device)?;
+        // The warm-up run records what each launch declares it moves.
+        let (warm, launches) = recording(|| evaluate(&inputs, op, args.path, &device));
+        warm?;
+        let pass = match op {
+            Op::TopK => n * vt * element,
+            Op::Loss | Op::Hybrid => n * vs * element,
+        };
+        traffic.push((name, launches, pass, floor_bytes));
         let mut times = Vec::with_capacity(args.runs);
         for i in 0..args.runs {
             eprint!("\rrun {}/{}", i + 1, args.runs);
@@ -379,7 +389,57 @@ fn run_on<B: XTokenBackend + DeviceMemory>(args: &KernelBenchArgs, place: &str) 
         row.print::<B>(times, bandwidth, before, &device);
     }
     drop(inputs);
-    adamw_rows::<B>(args, bandwidth, &device)
+    adamw_rows::<B>(args, bandwidth, &device)?;
+    traffic_table(&traffic);
+    Ok(())
+}
+
+/// Per operation, what each kernel's launches declare they read and write ([`traffic`]), in
+/// passes over the operation's logits (`[rows, V]` in their dtype) and in GB, against the floor.
+fn traffic_table(ops: &[(&str, Vec<Launch>, usize, usize)]) {
+    println!(
+        "\nBytes per launch, as each launch plan declares them (one evaluation; a pass = one \
+         read or write of the operation's `[rows, V]` logits):\n"
+    );
+    println!(
+        "| operation | kernel | launches | logits read (passes) | gradient read (passes) | \
+         gradient written (passes) | other (GB) | total (GB) |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    for (name, launches, pass, floor) in ops {
+        if launches.is_empty() {
+            println!("| {name} | (the host path declares no launches) | | | | | | |");
+            continue;
+        }
+        let passes = |b: u64| b as f64 / *pass as f64;
+        let gb = |b: u64| b as f64 / 1e9;
+        for k in by_kernel(launches) {
+            println!(
+                "| {name} | `{}` | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} |",
+                k.kernel,
+                k.launches,
+                passes(k.read.logits),
+                passes(k.read.gradient),
+                passes(k.written.gradient),
+                gb(k.read.other + k.written.other),
+                gb(k.read.total() + k.written.total()),
+            );
+        }
+        let (read, written) = total(launches);
+        let all = read.total() + written.total();
+        println!(
+            "| **{name}** | **all {} launches** | | **{:.2}** | **{:.2}** | **{:.2}** | **{:.3}** | \
+             **{:.2} = {:.1}× the floor's {:.2}** |",
+            launches.len(),
+            passes(read.logits),
+            passes(read.gradient),
+            passes(written.gradient),
+            gb(read.other + written.other),
+            gb(all),
+            all as f64 / *floor as f64,
+            *floor as f64 / 1e9,
+        );
+    }
 }
 
 /// One line of the table.
