@@ -3,6 +3,8 @@
 //! (its idle rows zeroed), the predicting rows' gradient kernel, and the end of the evaluation:
 //! the continuation rows' gradient, the loss's sum and the read-back checks.
 
+use std::sync::Arc;
+
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
@@ -18,7 +20,7 @@ use super::pkl::Projection;
 use crate::checks::{check_id_range, check_tau, check_teacher};
 use crate::error::KernelError;
 use crate::loss_kind::LossKind;
-use crate::spec::DistillSpec;
+use crate::spec::{CommonPairs, DistillSpec};
 use crate::{LossOutput, ProjectionTensors, TeacherEntries};
 
 /// The state one distillation evaluation's launches share.
@@ -57,8 +59,8 @@ pub(super) struct Evaluation<'s, R: CubeRuntime> {
     pub(super) mass: Option<CubeTensor<R>>,
     /// P-KL's W with its layout and buffers.
     pub(super) projection: Option<Projection<R>>,
-    /// The hybrid losses' student partner table (`[V_S]`, `-1`: uncommon).
-    pub(super) partner: Option<CubeTensor<R>>,
+    /// The hybrid losses' common set, checked and uploaded once for the evaluation.
+    pub(super) hybrid: Option<HybridTables<R>>,
     /// The hybrid losses' split of each row for their uncommon top-K (see `row_lse`).
     pub(super) splits: Option<CubeTensor<R>>,
 }
@@ -97,14 +99,29 @@ pub(super) struct Widths {
     pub(super) k: usize,
 }
 
+/// The hybrid losses' common set: its tables, the student partner table on the device (`[V_S]`,
+/// `-1`: uncommon) and how many student ids are uncommon.
+pub(super) struct HybridTables<R: CubeRuntime> {
+    pub(super) pairs: Arc<CommonPairs>,
+    pub(super) partner: CubeTensor<R>,
+    pub(super) uncommon: usize,
+}
+
+impl<R: CubeRuntime> HybridTables<R> {
+    /// Uncommon entries selected per slot: `min(k, uncommon)`.
+    pub(super) fn selected(&self, k: usize) -> usize {
+        k.min(self.uncommon)
+    }
+}
+
 /// What the row pass weighs and splits, by loss: W's row sums for P-KL; for the hybrid losses 1
 /// on the student ids without a partner, and the split of their uncommon top-K (the partners
 /// excluded); nothing more for KL.
 struct RowTables<R: CubeRuntime> {
     weights: Option<CubeTensor<R>>,
-    partner: Option<CubeTensor<R>>,
-    /// Uncommon entries the hybrid losses select per slot.
-    selected: usize,
+    hybrid: Option<HybridTables<R>>,
+    /// Teacher entries per slot.
+    k: usize,
 }
 
 impl<R: CubeRuntime> RowTables<R> {
@@ -116,8 +133,8 @@ impl<R: CubeRuntime> RowTables<R> {
     ) -> Result<Self, KernelError> {
         let none = Self {
             weights: None,
-            partner: None,
-            selected: 0,
+            hybrid: None,
+            k: w.k,
         };
         Ok(match spec.loss {
             LossKind::Kl => none,
@@ -132,21 +149,25 @@ impl<R: CubeRuntime> RowTables<R> {
                     .iter()
                     .map(|&p| if p < 0 { 1.0 } else { 0.0 })
                     .collect();
-                let count = uncommon.iter().filter(|&&u| u > 0.0).count();
+                let hybrid = HybridTables {
+                    partner: launcher.ints(&pairs.student_partner),
+                    uncommon: uncommon.iter().filter(|&&u| u > 0.0).count(),
+                    pairs,
+                };
                 Self {
                     weights: Some(launcher.floats(&uncommon)),
-                    partner: Some(launcher.ints(&pairs.student_partner)),
-                    selected: w.k.min(count),
+                    hybrid: Some(hybrid),
+                    ..none
                 }
             }
         })
     }
 
     fn pass(&self) -> RowPass<'_, R> {
-        let split = match (&self.partner, self.selected) {
-            (Some(partner), keep) if keep > 0 => Some(Split {
-                keep,
-                excluded: Some(partner),
+        let split = match &self.hybrid {
+            Some(h) if h.selected(self.k) > 0 => Some(Split {
+                keep: h.selected(self.k),
+                excluded: Some(&h.partner),
             }),
             _ => None,
         };
@@ -231,7 +252,7 @@ impl<'s, R: CubeRuntime> Evaluation<'s, R> {
             chunk,
             mass,
             projection,
-            partner: tables.partner,
+            hybrid: tables.hybrid,
             splits,
             z,
         };

@@ -95,28 +95,23 @@ pub(super) fn evaluate<B: Cube<R>, R: CubeRuntime>(
     e.finish::<B>(None)
 }
 
-/// Uploads the common set's tables and selects, per compared slot, the student's largest
-/// uncommon probabilities, best first, from the split the row pass made.
+/// Uploads the rest of the common set's tables and selects, per compared slot, the student's
+/// largest uncommon probabilities, best first, from the split the row pass made.
 fn select_uncommon<R: CubeRuntime>(e: &Evaluation<'_, R>) -> Result<Common<R>, KernelError> {
-    let pairs = e.spec.hybrid_pairs(e.v, e.teacher_vocab)?;
     let (lambda_kl, lambda_uld) = e.spec.hybrid_lambdas();
     let (launcher, plan) = (&e.launcher, &e.plan);
-    let uncommon = pairs.student_partner.iter().filter(|&&p| p < 0).count();
-    let selected = e.k.min(uncommon);
-    let slots = e.spec.merge.slots();
     let missing = |what: &str| KernelError::Invalid {
         what: "loss",
         why: format!("the hybrid losses need {what} from the row pass"),
     };
-    let student_partner = e
-        .partner
-        .clone()
-        .ok_or_else(|| missing("the partner table"))?;
+    let tables = e.hybrid.as_ref().ok_or_else(|| missing("the common set"))?;
+    let selected = tables.selected(e.k);
+    let slots = e.spec.merge.slots();
     let common = Common {
-        student_partner,
-        teacher_first: launcher.ints(&pairs.teacher_first),
-        teacher_students: launcher.ints(&pairs.teacher_students),
-        uncommon,
+        student_partner: tables.partner.clone(),
+        teacher_first: launcher.ints(&tables.pairs.teacher_first),
+        teacher_students: launcher.ints(&tables.pairs.teacher_students),
+        uncommon: tables.uncommon,
         selected,
         selected_ids: launcher.zeros(slots * selected, DType::I32),
         selected_logp: launcher.zeros(slots * selected, DType::F32),

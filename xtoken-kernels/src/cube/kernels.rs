@@ -854,7 +854,7 @@ fn split_bin(
 ///    scratch list (`cap` long).
 /// 2. The candidates are sorted best first in place and the best `K − above` kept.
 /// 3. A bitonic sort of the K entries in place (compare-exchanges between `sync_storage`
-///    barriers; `n2` is K rounded up to a power of two).
+///    barriers, over `cap`: K rounded up to a power of two, the scratch list's length too).
 ///
 /// A row whose bin holds more than `cap` candidates first splits the bin by the keys' next
 /// `SPLIT_BITS` bits in one more pass (the bin's keys above the sub-bin are kept, the sub-bin's
@@ -878,7 +878,6 @@ pub fn top_k<F: Float>(
     valid: usize,
     v: usize,
     k: usize,
-    n2: usize,
     cap: usize,
     t: f32,
     #[comptime] block: usize,
@@ -963,7 +962,7 @@ pub fn top_k<F: Float>(
     sync_storage();
     sync_cube();
 
-    sort_best_first(ids, values, out, n2, k, block);
+    sort_best_first(ids, values, out, cap, k, block);
     let shift = sigma[slot] - lse[row];
     let mut j = tid;
     while j < k {

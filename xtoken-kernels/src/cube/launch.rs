@@ -457,7 +457,6 @@ pub(super) fn top_k<R: CubeRuntime>(
             plan.valid,
             v,
             k,
-            k.next_power_of_two(),
             cap,
             t,
             BLOCK,
