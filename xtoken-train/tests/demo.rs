@@ -15,7 +15,15 @@ const MODELS: [&str; 6] = ["teacher", "CE only", "GOLD", "ULD", "P-KL", "H-KL"];
 fn demo(out: &Path, args: &[&str]) -> (serde_json::Value, f64) {
     let start = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_xtoken"))
-        .args(["demo", "--json", "--problems", "400", "--held-out", "12"])
+        .args([
+            "demo",
+            "--json",
+            "--problems",
+            "400",
+            "--teacher-problems",
+            "400",
+        ])
+        .args(["--held-out", "12"])
         .args(args)
         .arg("--out")
         .arg(out)
@@ -84,8 +92,12 @@ fn check_result(r: &serde_json::Value, runs: &Path, table: &str) {
         (loss - last).abs() <= 1e-9 * last,
         "{method}: {loss} vs {ce:?}"
     );
+    let pick = r["audit_pick"].as_bool().expect("an audit_pick field");
     let model = if method == "teacher" {
+        assert!(!pick, "{r}");
         "teacher (cross-entropy)".to_string()
+    } else if pick {
+        format!("student, {method} (the audit's pick)")
     } else {
         format!("student, {method}")
     };
@@ -112,6 +124,18 @@ fn reduced_demo_runs_every_method_under_both_teachers_and_is_deterministic() {
         expected.extend(MODELS[1..].iter().map(|&m| (regime, m)));
     }
     assert_eq!(rows, expected);
+    // The audit picks one method per regime, P-KL or H-KL.
+    for regime in REGIMES {
+        let picks: Vec<&str> = results
+            .iter()
+            .filter(|r| r["regime"] == regime && r["audit_pick"] == true)
+            .map(|r| r["method"].as_str().unwrap())
+            .collect();
+        assert!(
+            picks == ["P-KL"] || picks == ["H-KL"],
+            "{regime}: {picks:?}"
+        );
+    }
     let table = std::fs::read_to_string(dir.join("a/results.md")).unwrap();
     for r in results {
         check_result(r, &dir.join("a/runs"), &table);
@@ -150,8 +174,10 @@ fn reduced_demo_runs_every_method_under_both_teachers_and_is_deterministic() {
 #[test]
 fn seeds_are_reported_as_mean_and_spread() {
     let dir = std::env::temp_dir().join(format!("xtoken-demo-seeds-{}", std::process::id()));
-    // The default regime alone.
+    // One regime.
     let args = [
+        "--regimes",
+        "digit-splitting",
         "--seeds",
         "2",
         "--teacher-steps",

@@ -1,15 +1,18 @@
-//! `xtoken demo`: the paper's central finding in miniature, on a CPU, with nothing downloaded.
+//! `xtoken demo`: the paper's setting in miniature, on a CPU, with nothing downloaded.
 //!
-//! Everything is made here, seeded: a small world of facts, 48 people's house numbers, and
-//! questions about them whose answers are numerals (`corpus`); byte-level BPE tokenizers trained on them with the `tokenizers` crate and random
-//! tiny Llamas (`models`): the student's tokenizer keeps up to three digits together (like
-//! Llama-3), one teacher's splits every digit (like Qwen3: the digit-splitting regime), another
-//! keeps numerals as the student does but cuts words differently (like Phi-4-mini: the
-//! numeral-keeping regime). Each teacher is trained on cross-entropy; the student gets a short
-//! cross-entropy warm-up, and from there one student per method (CE only, GOLD, ULD, P-KL,
-//! H-KL) is distilled with `xtoken train`'s library on the same batches for the same steps
-//! (`runs`). Every model is scored on held-out problems (`score`) and the results are written
-//! as Markdown, JSON and SVG (`report`).
+//! Everything is made here, seeded (`corpus`): a small world whose text is uncertain (each
+//! person's house is stated in most documents, an old address in the rest), many documents for
+//! the teachers and few for the students, and held-out questions scored against the most
+//! likely answer. Byte-level BPE tokenizers are trained on the text with the `tokenizers` crate
+//! and random tiny Llamas made for them (`models`): the student's tokenizer keeps up to three
+//! digits together (like Llama-3), one teacher's splits every digit (like Qwen3: the
+//! digit-splitting regime), another keeps numerals as the student does but cuts words
+//! differently (like Phi-4-mini: the numeral-keeping regime). Each teacher learns the odds on
+//! cross-entropy; the student gets a short cross-entropy warm-up on its few documents, and from
+//! there one student per method (CE only, GOLD, ULD, P-KL, H-KL) is distilled with
+//! `xtoken train`'s library on the same batches for the same steps (`runs`). `xtoken audit`
+//! names its pick per regime; every model is scored on held-out problems (`score`) and the
+//! results are written as Markdown, JSON and SVG (`report`).
 
 mod corpus;
 mod models;
@@ -28,6 +31,9 @@ use corpus::Problem;
 use models::Numerals;
 use report::{MethodResult, Points};
 use runs::{Job, Run};
+use xtoken_core::audit::{self, AuditOptions};
+use xtoken_core::projection::SparseProjection;
+use xtoken_core::vocab::Vocabulary;
 
 /// Options of `xtoken demo`.
 #[derive(Args)]
@@ -38,20 +44,23 @@ pub struct DemoArgs {
     /// Print `{"results": [...], "seconds": ...}` on stdout instead of the table.
     #[arg(long)]
     json: bool,
-    /// Training problems.
-    #[arg(long, default_value_t = 6000)]
+    /// Documents the students train on (their budget).
+    #[arg(long, default_value_t = 192)]
     problems: usize,
+    /// Documents the teachers train on: many more, so that they learn the odds.
+    #[arg(long, default_value_t = 6000)]
+    teacher_problems: usize,
     /// Held-out problems.
     #[arg(long, default_value_t = 300)]
     held_out: usize,
     /// Optimizer steps of each teacher.
-    #[arg(long, default_value_t = 250)]
+    #[arg(long, default_value_t = 400)]
     teacher_steps: u64,
     /// Optimizer steps of the student's cross-entropy warm-up, shared by every method.
-    #[arg(long, default_value_t = 150)]
+    #[arg(long, default_value_t = 200)]
     warmup_steps: u64,
     /// Optimizer steps of each student after the warm-up.
-    #[arg(long, default_value_t = 80)]
+    #[arg(long, default_value_t = 120)]
     student_steps: u64,
     /// The first seed: it seeds the corpus, the tokenizers' data, every model's initial
     /// weights and the batches.
@@ -60,9 +69,13 @@ pub struct DemoArgs {
     /// Runs seeds `seed`, `seed + 1`, … and reports each method's mean ± standard deviation.
     #[arg(long, default_value_t = 1)]
     seeds: u64,
-    /// The teachers to distill from (comma-separated): `digit-splitting` (the default run),
-    /// `numeral-keeping`, or both.
-    #[arg(long, value_delimiter = ',', default_value = "digit-splitting")]
+    /// The teachers to distill from (comma-separated): `digit-splitting`, `numeral-keeping`,
+    /// or both (the default).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "digit-splitting,numeral-keeping"
+    )]
     regimes: Vec<Regime>,
     /// The CPU backend that trains: `cpu` (burn-ndarray) or `flex` (burn-flex, which computes
     /// in bf16 by `training.compute_dtype`'s default).
@@ -94,7 +107,7 @@ impl Regime {
     fn numerals(self) -> Numerals {
         match self {
             Regime::DigitSplitting => Numerals::Digits,
-            Regime::NumeralKeeping => Numerals::UpToThreeBareWords,
+            Regime::NumeralKeeping => Numerals::UpToThreeShortWords,
         }
     }
 
@@ -107,13 +120,13 @@ impl Regime {
     }
 
     /// The teacher's learning rate. The digit-splitting teacher trains best at 3e-3. The
-    /// numeral-keeping teacher answers with single tokens, as the student does, and needs
-    /// more to leave the plateau where it answers with the numerals' frequencies; in 250
-    /// steps at 5e-3 it does not always leave it (the README shows how often).
+    /// numeral-keeping teacher answers with single tokens, as the student does, and needs the
+    /// student warm-up's 1e-2 to leave the plateau where it answers with the numerals'
+    /// frequencies.
     fn teacher_lr(self) -> f64 {
         match self {
             Regime::DigitSplitting => 3e-3,
-            Regime::NumeralKeeping => 5e-3,
+            Regime::NumeralKeeping => 1e-2,
         }
     }
 
@@ -126,13 +139,15 @@ impl Regime {
     }
 }
 
-/// The students: name, loss and α (`CE only` is the floor: the same run with α = 0).
+/// The students: name, loss and α (`CE only` is the floor: the same run with α = 0). The
+/// objective is `L_CE + α L_KD` (dynamic scaling off, see `runs`): α = 2 lets the teacher's
+/// odds outweigh the few labels a student reads.
 const METHODS: [(&str, &str, f64); 5] = [
     ("CE only", "uld", 0.0),
-    ("GOLD", "gold", 1.0),
-    ("ULD", "uld", 1.0),
-    ("P-KL", "pkl", 1.0),
-    ("H-KL", "hkl", 1.0),
+    ("GOLD", "gold", 2.0),
+    ("ULD", "uld", 2.0),
+    ("P-KL", "pkl", 2.0),
+    ("H-KL", "hkl", 2.0),
 ];
 
 /// Learning rates. The student's warm-up trains from scratch at a rate that gets it past the
@@ -151,6 +166,7 @@ impl DemoArgs {
     fn check(&self) -> Result<()> {
         let positive = [
             ("--problems", self.problems as u64),
+            ("--teacher-problems", self.teacher_problems as u64),
             ("--held-out", self.held_out as u64),
             ("--teacher-steps", self.teacher_steps),
             ("--student-steps", self.student_steps),
@@ -207,7 +223,9 @@ struct Seeded<'a> {
     args: &'a DemoArgs,
     seed: u64,
     dir: PathBuf,
+    /// The students' documents and the teachers'.
     data: PathBuf,
+    teacher_data: PathBuf,
     held_out: Vec<Problem>,
 }
 
@@ -227,21 +245,25 @@ fn one_seed(
 
     say("corpus: questions about 48 people's house numbers");
     let data = dir.join("train.jsonl");
-    let (texts, held_out) = corpus::write(seed, args.problems, args.held_out, &data)?;
+    let teacher_data = dir.join("teacher-train.jsonl");
+    let sizes = (args.teacher_problems, args.problems, args.held_out);
+    let (texts, held_out) = corpus::write(seed, sizes, (&teacher_data, &data))?;
     eprintln!(
-        "{} training and {} held-out problems, e.g. {:?}",
-        args.problems, args.held_out, texts[0]
+        "{} documents for the teachers, {} for the students, {} held-out problems, e.g. {:?}",
+        args.teacher_problems, args.problems, args.held_out, texts[0]
     );
     let s = Seeded {
         args,
         seed,
         dir,
         data,
+        teacher_data,
         held_out,
     };
 
     say("tokenizers and random models");
     s.tokenizers_and_models(&texts)?;
+    let picks = s.audit()?;
 
     say("teachers (cross-entropy) and the student's shared warm-up, side by side");
     let mut first: Vec<Job<'_, Option<MethodResult>>> = args
@@ -266,7 +288,8 @@ fn one_seed(
         })
         .collect();
     let mut curves = Vec::new();
-    for (row, curve) in runs::pool(threads, jobs)? {
+    for (mut row, curve) in runs::pool(threads, jobs)? {
+        row.audit_pick = picks.contains(&(row.regime, row.method.as_str()));
         if row.regime == args.regimes[0] {
             curves.push((row.method.clone(), curve));
         }
@@ -296,6 +319,26 @@ impl Seeded<'_> {
         Ok(())
     }
 
+    /// `xtoken audit` of the student against each regime's teacher: the method it recommends
+    /// (P-KL or H-KL) per regime.
+    fn audit(&self) -> Result<Vec<(Regime, &'static str)>> {
+        let student = Vocabulary::load(self.dir.join("student-init"))?;
+        let mut picks = Vec::new();
+        for &regime in &self.args.regimes {
+            let teacher = Vocabulary::load(self.dir.join(regime.init_dir()))?;
+            let (w, _) = SparseProjection::build(&student, &teacher, Default::default())?;
+            let report = audit::audit(&student, &teacher, &w, &AuditOptions::default());
+            eprintln!(
+                "audit, {} teacher: {} ({})",
+                regime.name(),
+                report.recommendation.name(),
+                report.reason
+            );
+            picks.push((regime, report.recommendation.name()));
+        }
+        Ok(picks)
+    }
+
     fn runs(&self) -> PathBuf {
         self.dir.join("runs")
     }
@@ -321,8 +364,11 @@ impl Seeded<'_> {
     fn teacher(&self, regime: Regime) -> Result<MethodResult> {
         let init = self.dir.join(regime.init_dir());
         let out = self.runs().join(regime.name()).join("teacher");
-        self.ce_run(&out, &init, self.args.teacher_steps, regime.teacher_lr())
-            .train()?;
+        Run {
+            data: &self.teacher_data,
+            ..self.ce_run(&out, &init, self.args.teacher_steps, regime.teacher_lr())
+        }
+        .train()?;
         let (final_loss, _) = runs::ce_curve(&out)?;
         self.score(regime, "teacher", &out, final_loss)
     }
@@ -395,6 +441,7 @@ impl Seeded<'_> {
             answer_accuracy: score.answer_accuracy,
             numeral_accuracy: score.numeral_accuracy,
             final_loss,
+            audit_pick: false,
         })
     }
 }

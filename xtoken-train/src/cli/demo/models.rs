@@ -15,10 +15,10 @@ pub enum Numerals {
     Digits,
     /// Runs of up to three digits, as Llama-3's pre-tokenizer does (the student's).
     UpToThree,
-    /// Runs of up to three digits as well, and every space its own piece, so that words never
-    /// carry their leading space: a tokenizer that agrees with the student's on numerals and
-    /// disagrees on words (Phi-4-mini against Llama-3).
-    UpToThreeBareWords,
+    /// Runs of up to three digits as well, and words cut into pieces of at most three letters
+    /// (the first with its leading space): a tokenizer that agrees with the student's on
+    /// numerals and disagrees on words (Phi-4-mini against Llama-3).
+    UpToThreeShortWords,
 }
 
 impl Numerals {
@@ -27,12 +27,11 @@ impl Numerals {
             r#"{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true}"#;
         let digits = r#"{"type":"Digits","individual_digits":true}"#;
         let runs = r#"{"type":"Split","pattern":{"Regex":"\\p{N}{1,3}"},"behavior":"Isolated","invert":false}"#;
-        let spaces =
-            r#"{"type":"Split","pattern":{"Regex":"\\s"},"behavior":"Isolated","invert":false}"#;
+        let words = r#"{"type":"Split","pattern":{"Regex":"\\s?\\p{L}{1,3}"},"behavior":"Isolated","invert":false}"#;
         let pieces = match self {
             Numerals::Digits => vec![digits, byte_level],
             Numerals::UpToThree => vec![runs, byte_level],
-            Numerals::UpToThreeBareWords => vec![runs, spaces, byte_level],
+            Numerals::UpToThreeShortWords => vec![runs, words, byte_level],
         };
         format!(
             r#"{{"type":"Sequence","pretokenizers":[{}]}}"#,

@@ -20,6 +20,8 @@ pub struct MethodResult {
     /// The training cross-entropy at the end (mean of the last 10 % of steps): the one loss
     /// every method shares.
     pub final_loss: f64,
+    /// Whether `xtoken audit` recommends this method for this regime's teacher.
+    pub audit_pick: bool,
 }
 
 /// `(step, value)` points.
@@ -76,6 +78,8 @@ pub fn table(regimes: &[Regime], results: &[MethodResult], seeds: u64) -> String
             let pick = |f: fn(&MethodResult) -> f64| rows.iter().map(|r| f(r)).collect::<Vec<_>>();
             let model = if method == "teacher" {
                 "teacher (cross-entropy)".to_string()
+            } else if rows.iter().any(|r| r.audit_pick) {
+                format!("student, {method} (the audit's pick)")
             } else {
                 format!("student, {method}")
             };
@@ -136,8 +140,14 @@ pub fn write(
         )
     };
     let report = format!(
-        "# xtoken demo\n\n{} training problems, {} held out; each teacher {} steps; the student {} steps of cross-entropy warm-up, then each method {} steps from there on the same batches; {seeds}; {seconds:.0} s.\n\n{table}\nAnswer accuracy: greedy decoding after \"A:\". Numeral-token accuracy: teacher-forced next-token accuracy on the answers' numeral tokens (1–3 digits per token for the student and the numeral-keeping teacher, one digit for the digit-splitting teacher).\n",
-        args.problems, args.held_out, args.teacher_steps, args.warmup_steps, args.student_steps
+        "# xtoken demo\n\n{} documents for the teachers, {} for the students (each states a person's house with probability {}, else an old address), {} held-out questions; each teacher {} steps; the student {} steps of cross-entropy warm-up, then each method {} steps from there on the same batches, `L = CE + α KD` with α = 2; {seeds}; {seconds:.0} s.\n\n{table}\nAnswer accuracy: greedy decoding after \"A:\", against the most likely answer (the house). Numeral-token accuracy: teacher-forced next-token accuracy on the answers' numeral tokens (1–3 digits per token for the student and the numeral-keeping teacher, one digit for the digit-splitting teacher).\n",
+        args.teacher_problems,
+        args.problems,
+        super::corpus::P_HOUSE,
+        args.held_out,
+        args.teacher_steps,
+        args.warmup_steps,
+        args.student_steps
     );
     std::fs::write(out.join("results.md"), &report)?;
     let json = serde_json::json!({ "results": results, "seconds": seconds });
@@ -181,6 +191,7 @@ mod tests {
             answer_accuracy: answer,
             numeral_accuracy: answer,
             final_loss: 0.5,
+            audit_pick: false,
         }
     }
 
@@ -204,6 +215,15 @@ mod tests {
         assert!(
             !table.contains("teacher (cross-entropy)"),
             "no teacher row without a teacher result"
+        );
+        let picked = MethodResult {
+            audit_pick: true,
+            ..row(Regime::NumeralKeeping, "H-KL", 7, 0.5)
+        };
+        let table = super::table(&[Regime::NumeralKeeping], &[picked], 1);
+        assert!(
+            table.contains("| numeral-keeping | student, H-KL (the audit's pick) | 50.0 % |"),
+            "{table}"
         );
     }
 }
