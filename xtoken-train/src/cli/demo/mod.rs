@@ -139,15 +139,18 @@ impl Regime {
     }
 }
 
-/// The students: name, loss and α (`CE only` is the floor: the same run with α = 0). The
-/// objective is `L_CE + α L_KD` (dynamic scaling off, see `runs`): α = 2 lets the teacher's
-/// odds outweigh the few labels a student reads.
+/// The teacher's weight α of every distilled student: the objective is `L_CE + α L_KD`
+/// (dynamic scaling off, see `runs`), and 2 lets the teacher's odds outweigh the few labels a
+/// student reads.
+const ALPHA: f64 = 2.0;
+
+/// The students: name, loss and α (`CE only` is the floor: the same run with α = 0).
 const METHODS: [(&str, &str, f64); 5] = [
     ("CE only", "uld", 0.0),
-    ("GOLD", "gold", 2.0),
-    ("ULD", "uld", 2.0),
-    ("P-KL", "pkl", 2.0),
-    ("H-KL", "hkl", 2.0),
+    ("GOLD", "gold", ALPHA),
+    ("ULD", "uld", ALPHA),
+    ("P-KL", "pkl", ALPHA),
+    ("H-KL", "hkl", ALPHA),
 ];
 
 /// Learning rates. The student's warm-up trains from scratch at a rate that gets it past the

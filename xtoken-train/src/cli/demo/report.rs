@@ -140,14 +140,15 @@ pub fn write(
         )
     };
     let report = format!(
-        "# xtoken demo\n\n{} documents for the teachers, {} for the students (each states a person's house with probability {}, else an old address), {} held-out questions; each teacher {} steps; the student {} steps of cross-entropy warm-up, then each method {} steps from there on the same batches, `L = CE + α KD` with α = 2; {seeds}; {seconds:.0} s.\n\n{table}\nAnswer accuracy: greedy decoding after \"A:\", against the most likely answer (the house). Numeral-token accuracy: teacher-forced next-token accuracy on the answers' numeral tokens (1–3 digits per token for the student and the numeral-keeping teacher, one digit for the digit-splitting teacher).\n",
+        "# xtoken demo\n\n{} documents for the teachers, {} for the students (each states a person's house with probability {}, else an old address), {} held-out questions; each teacher {} steps; the student {} steps of cross-entropy warm-up, then each method {} steps from there on the same batches, `L = CE + α KD` with α = {}; {seeds}; {seconds:.0} s.\n\n{table}\nAnswer accuracy: greedy decoding after \"A:\", against the most likely answer (the house). Numeral-token accuracy: teacher-forced next-token accuracy on the answers' numeral tokens (1–3 digits per token for the student and the numeral-keeping teacher, one digit for the digit-splitting teacher).\n",
         args.teacher_problems,
         args.problems,
         super::corpus::P_HOUSE,
         args.held_out,
         args.teacher_steps,
         args.warmup_steps,
-        args.student_steps
+        args.student_steps,
+        super::ALPHA
     );
     std::fs::write(out.join("results.md"), &report)?;
     let json = serde_json::json!({ "results": results, "seconds": seconds });
