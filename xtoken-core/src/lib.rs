@@ -24,7 +24,8 @@ pub mod loss;
 pub mod matching;
 pub mod plan;
 pub mod projection;
-pub mod temporary;
+/// Files written under a temporary name (kept in `xtoken-kernels`, below the models' writers).
+pub use xtoken_kernels::temporary;
 pub mod vocab;
 
 pub use error::{Error, Result};

@@ -50,6 +50,7 @@ pub mod layout;
 pub mod loss_kind;
 pub mod memory;
 pub mod spec;
+pub mod temporary;
 pub mod traffic;
 
 mod autodiff;

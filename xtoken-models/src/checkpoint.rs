@@ -15,6 +15,8 @@ use safetensors::tensor::{Dtype, TensorInfo, View};
 use safetensors::SafeTensors;
 use serde_json::Value;
 
+use xtoken_kernels::temporary::Temporary;
+
 use crate::error::{io_error, ModelError, Result};
 
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -291,35 +293,19 @@ pub fn write_safetensors(
         .collect();
     let views = encoded.iter().map(|e| (e.tensor.name.clone(), e));
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let temporary = temporary_path(path);
-    let written = safetensors::serialize_to_file(views, Some(metadata), &temporary)
-        .map_err(|e| ModelError::Safetensors {
-            path: temporary.clone(),
+    let temporary = Temporary::beside(path, "partial");
+    safetensors::serialize_to_file(views, Some(metadata), temporary.path()).map_err(|e| {
+        ModelError::Safetensors {
+            path: temporary.path().to_path_buf(),
             why: format!("writing failed: {e}"),
-        })
-        .and_then(|()| std::fs::rename(&temporary, path).map_err(io_error(path)));
-    removed_on_failure(&temporary, written)
+        }
+    })?;
+    temporary.persist(path).map_err(io_error(path))
 }
 
 /// Writes `text` to `path` through a temporary file renamed into place.
 pub fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    let temporary = temporary_path(path);
-    let written = std::fs::write(&temporary, text)
-        .map_err(io_error(&temporary))
-        .and_then(|()| std::fs::rename(&temporary, path).map_err(io_error(path)));
-    removed_on_failure(&temporary, written)
-}
-
-/// A failed write leaves no temporary file behind (a full disk is not made fuller).
-fn removed_on_failure<T>(temporary: &Path, result: Result<T>) -> Result<T> {
-    if result.is_err() {
-        std::fs::remove_file(temporary).ok();
-    }
-    result
-}
-
-fn temporary_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    path.with_file_name(name)
+    let temporary = Temporary::beside(path, "partial");
+    std::fs::write(temporary.path(), text).map_err(io_error(temporary.path()))?;
+    temporary.persist(path).map_err(io_error(path))
 }

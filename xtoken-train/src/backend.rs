@@ -2,13 +2,11 @@
 //! (burn's ndarray), `flex` (burn-flex: the CPU with f16 and bf16 tensors), `cuda` and `wgpu`
 //! (burn's `CubeBackend`, with the cubecl kernels; cargo features `cuda` and `wgpu`).
 
-use std::str::FromStr;
-
 use burn::tensor::backend::AutodiffBackend;
 use xtoken_core::loss::XTokenBackend;
 use xtoken_kernels::memory::DeviceMemory;
 
-use crate::config::DtypeChoice;
+use crate::config::{DeviceKind, DtypeChoice};
 use crate::error::{Error, Result};
 
 /// What training needs of a backend: autodiff for the student, and the X-Token kernels both
@@ -23,51 +21,6 @@ where
     B: AutodiffBackend + XTokenBackend + DeviceMemory,
     B::InnerBackend: XTokenBackend,
 {
-}
-
-/// A device family by name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceKind {
-    /// burn's ndarray on the CPU.
-    Cpu,
-    /// burn-flex on the CPU: f32, f16 and bf16 tensors, gemm matmuls.
-    Flex,
-    /// burn's CUDA backend (cargo feature `cuda`).
-    Cuda,
-    /// burn's wgpu backend (cargo feature `wgpu`).
-    Wgpu,
-}
-
-impl DeviceKind {
-    /// Whether the backend's memory is the host's.
-    pub fn on_host(self) -> bool {
-        matches!(self, DeviceKind::Cpu | DeviceKind::Flex)
-    }
-
-    /// The multiple a micro-batch's rows are padded to by default
-    /// (`DeviceMemory::length_multiple` of the backend this kind names).
-    pub fn length_multiple(self) -> usize {
-        match self {
-            DeviceKind::Cuda | DeviceKind::Wgpu => xtoken_kernels::memory::CUBE_LENGTH_MULTIPLE,
-            DeviceKind::Cpu | DeviceKind::Flex => 1,
-        }
-    }
-}
-
-impl FromStr for DeviceKind {
-    type Err = Error;
-
-    fn from_str(name: &str) -> Result<Self> {
-        match name {
-            "cpu" => Ok(DeviceKind::Cpu),
-            "flex" => Ok(DeviceKind::Flex),
-            "cuda" => Ok(DeviceKind::Cuda),
-            "wgpu" => Ok(DeviceKind::Wgpu),
-            other => Err(Error::Config(format!(
-                "device = {other:?}: expected \"cpu\", \"flex\", \"cuda\" or \"wgpu\""
-            ))),
-        }
-    }
 }
 
 /// Work generic over the training backend, which [`on_backend`] picks by name.

@@ -3,24 +3,23 @@
 //! devices of one machine and across processes. The `xtoken` command-line tool is a thin layer
 //! over this crate.
 //!
-//! The layers, from a TOML file to a trained student:
+//! The floor plan, from the ground up; a module uses only those on its own floor or below
+//! (`tests/floor_plan.rs` holds the files to it, and to no circle of imports):
 //!
-//! - [`config`]: [`RunConfig`], one TOML file whose defaults are the paper's;
-//! - [`data`]: documents read, tokenized and aligned into the alignment cache, packed into
-//!   rows, laid out as micro-batches with their chunk plans, on a background loader;
-//! - [`teachers`]: each teacher's model, loss (`auto` resolved by the coverage audit) and the
-//!   tables the loss reads;
-//! - [`step`]: one optimizer step (teacher targets, student forward + backward under the
-//!   distillation losses, accumulation, averaging over workers, clipping, AdamW);
-//! - [`run`]: a run in named stages ([`Run::open`], [`Run::step`], [`Run::log`],
-//!   [`Run::checkpoint`], [`Run::export`]), and [`train`] to run them all;
+//! - the ground: [`error`], [`config`] ([`RunConfig`], one TOML file whose defaults are the
+//!   paper's, and the choices it parses), [`backend`] (the burn backend by name), [`machine`]
+//!   (the host's memory), [`paths`] (outputs never replace inputs);
+//! - [`data`]: documents read, tokenized and aligned, packed into rows, laid out as
+//!   micro-batches with their chunk plans, on a background loader;
+//! - [`cluster`]: workers and processes: the gradient exchange ([`cluster::parallel`]), where a
+//!   process sits (torchrun's or srun's variables) and the session that joins and watches them;
 //! - [`harness`]: the paper's benchmarks (MMLU, GSM8k, MATH, WinoGrande, HellaSwag) scored as
 //!   lm-evaluation-harness scores them;
-//! - [`checkpoint`], [`metrics`], [`optim`], [`schedule`], [`parallel`];
-//! - [`launch`]: a run on the devices it names, one worker or data-parallel ones, in one
-//!   process or as one of several ([`cluster`]: placement from torchrun's or srun's variables,
-//!   the session that joins and watches the processes); [`backend`] picks the burn backend by
-//!   name.
+//! - [`observe`]: what a run shows of itself: `metrics.csv`, TensorBoard, the plots, a step's
+//!   profile;
+//! - [`train`](mod@train): a run, from its inputs through one optimizer step to checkpoints and the
+//!   exported student ([`train::run`] in named stages, [`train::step`], [`train::launch`] on
+//!   the devices a run names).
 //!
 //! A run from a configuration file, on the device the file names:
 //!
@@ -38,7 +37,7 @@
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, NdArray};
-//! use xtoken_train::{config::RunConfig, parallel::Worker, Run, RunOptions};
+//! use xtoken_train::{config::RunConfig, Run, RunOptions, Worker};
 //!
 //! let config = RunConfig::load("examples/configs/demo-cpu.toml".as_ref())?;
 //! let options = RunOptions::default(); // or `resume: true`, `stop_after: Some(step)`
@@ -58,35 +57,20 @@
 #![warn(missing_docs)]
 
 pub mod backend;
-pub mod checkpoint;
 pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod error;
-pub mod eval;
-pub mod export;
 pub mod harness;
-pub mod inputs;
-pub mod launch;
-pub mod lock;
 pub mod machine;
-pub mod memory;
-pub mod metrics;
-pub mod optim;
-pub mod parallel;
+pub mod observe;
 pub mod paths;
-pub mod preflight;
-pub mod profile;
-pub mod readout;
-pub mod resume;
-pub mod rng;
-pub mod run;
-pub mod schedule;
-pub mod step;
-pub mod teachers;
-pub mod tensorboard;
+pub mod train;
 
 pub use backend::TrainBackend;
+pub use cluster::parallel::Worker;
 pub use config::RunConfig;
 pub use error::{Error, Result};
-pub use run::{train, Run, RunOptions, RunSummary};
+pub use train::launch;
+pub use train::options::RunOptions;
+pub use train::run::{train, Run, RunSummary};

@@ -14,7 +14,7 @@ use clap::Parser;
 use cli::{Cli, Command};
 
 fn main() -> ExitCode {
-    match xtoken_train::memory::cap() {
+    match xtoken_train::train::memory::cap() {
         Ok(Some(bytes)) => bench::alloc::cap(bytes),
         Ok(None) => {}
         Err(e) => {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use xtoken_core::loss::LossKind;
-use xtoken_train::backend::DeviceKind;
+use xtoken_train::config::DeviceKind;
 use xtoken_train::RunConfig;
 
 fn configs() -> PathBuf {

@@ -134,10 +134,7 @@ fn export_never_touches_a_file_it_did_not_write() {
     std::fs::remove_dir_all(run.join("student")).unwrap();
     symlink(&f.student, &run.join("student"));
     let p = path.to_str().unwrap();
-    for args in [
-        &["train", "--config", p, "--resume"][..],
-        &["train", "--config", p, "--resume", "--check"],
-    ] {
+    for args in &train_and_check(p, &["--resume"]) {
         refused(root, args, "the student's model directory");
     }
 }
@@ -156,10 +153,7 @@ fn train_never_writes_over_its_inputs() {
     symlink(&f.student, &run.join("student"));
     let path = config(&f, "over", "");
     let p = path.to_str().unwrap();
-    for args in [
-        &["train", "--config", p][..],
-        &["train", "--config", p, "--check"],
-    ] {
+    for args in &train_and_check(p, &[]) {
         refused(root, args, "the student's model directory");
     }
 
@@ -169,10 +163,7 @@ fn train_never_writes_over_its_inputs() {
     let own = kept.join("run.toml");
     std::fs::write(&own, format!("# my comments\n{text}")).unwrap();
     let o = own.to_str().unwrap();
-    for args in [
-        &["train", "--config", o][..],
-        &["train", "--config", o, "--check"],
-    ] {
+    for args in &train_and_check(o, &[]) {
         refused(root, args, "the --config file is where the run records");
     }
 
@@ -252,10 +243,7 @@ fn one_process_trains_in_a_run_directory() {
     // Process 1 (init) always runs.
     std::fs::write(&lock, format!("pid=1\nhost={host}\n")).unwrap();
     let p = path.to_str().unwrap();
-    for args in [
-        &["train", "--config", p][..],
-        &["train", "--config", p, "--check"],
-    ] {
+    for args in &train_and_check(p, &[]) {
         refused(&f.dir.0, args, &format!("process 1 on {host}"));
     }
     if std::path::Path::new("/proc/self").exists() {
@@ -308,10 +296,7 @@ fn a_run_larger_than_the_memory_is_refused_before_loading() {
         );
     std::fs::write(&path, text).unwrap();
     let p = path.to_str().unwrap();
-    for args in [
-        &["train", "--config", p][..],
-        &["train", "--config", p, "--check"],
-    ] {
+    for args in &train_and_check(p, &[]) {
         refused(&f.dir.0, args, "this machine has available");
         let err = stderr(&xtoken(args));
         assert!(err.contains("training.context_length"), "{err}");

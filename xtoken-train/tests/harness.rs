@@ -11,9 +11,10 @@ use burn::tensor::DType;
 use serde_json::Value;
 use xtoken_models::{Greedy, Transformer};
 use xtoken_train::harness::docs::Doc;
-use xtoken_train::harness::model::{load, token_loglikelihoods, Loaded, Scorable};
+use xtoken_train::harness::model::{token_loglikelihoods, Loaded, Scorable};
 use xtoken_train::harness::task::{prompts, Item, PromptSettings, Request, Response};
 use xtoken_train::harness::{answer, evaluate, task_dir, tasks};
+use xtoken_train::train::export::load_for_eval;
 
 type B = NdArray;
 
@@ -64,7 +65,7 @@ fn with_samples(task: &str, expected: &Value) -> Vec<(Item, Value)> {
 }
 
 fn loaded() -> Loaded<B> {
-    load::<B>(
+    load_for_eval::<B>(
         &fixtures().join("model"),
         None,
         DType::F32,

@@ -9,7 +9,7 @@ mod support;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use fixture::{bench_train_args, config, fixture};
+use fixture::{bench_train_args, config, fixture, train_and_check};
 use serde_json::Value;
 
 fn xtoken_with_cap(cap: &str, args: &[&str]) -> Output {
@@ -88,10 +88,7 @@ fn a_run_past_the_cap_is_refused_before_its_first_step() {
     )
     .unwrap();
     let p = path.to_str().unwrap();
-    for args in [
-        &["train", "--config", p][..],
-        &["train", "--config", p, "--check"],
-    ] {
+    for args in &train_and_check(p, &[]) {
         let out = xtoken_with_cap("200MB", args);
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         assert_eq!(out.status.code(), Some(1), "{err}");

@@ -16,8 +16,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use fixture::*;
 use xtoken_models::Transformer;
+use xtoken_train::cluster::parallel::run_workers;
 use xtoken_train::cluster::{free_port_pair, join_as_node, Placement, Plan, Timeouts};
-use xtoken_train::parallel::run_workers;
 
 /// torchrun's variables for `rank` of `world` processes on this machine, and short timeouts
 /// (unless the command sets its own).

@@ -9,7 +9,7 @@ mod support;
 use burn::backend::{Autodiff, NdArray};
 use fixture::{bench_train_args, config, fixture, ok, xtoken};
 use serde_json::Value;
-use xtoken_train::{parallel::Worker, Run, RunConfig, RunOptions};
+use xtoken_train::{Run, RunConfig, RunOptions, Worker};
 
 /// The phases one step of one teacher with a learnable W runs, with the times each runs over
 /// two micro-batches under the step scope (pass 1 first).

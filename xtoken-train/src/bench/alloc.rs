@@ -84,7 +84,7 @@ fn over_cap(now: usize, bytes: usize) -> ! {
         gb(bytes),
         gb(now),
         gb(CAP.load(Ordering::Relaxed)),
-        xtoken_train::memory::CAP_VARIABLE
+        xtoken_train::train::memory::CAP_VARIABLE
     );
     // SAFETY: a plain write(2) of an initialized buffer to standard error (no lock, no
     // allocation); `_exit` then ends the process at once, running no handler that could allocate.

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use xtoken_train::rng::SplitMix64;
+use xtoken_train::data::rng::SplitMix64;
 
 /// One kind of text.
 pub struct Corpus {

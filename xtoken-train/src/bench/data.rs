@@ -13,11 +13,11 @@ use clap::Args;
 use xtoken_core::align::AlignParams;
 use xtoken_core::plan::MergeVariant;
 use xtoken_train::config::{DataConfig, DataPaths};
+use xtoken_train::data::rng::SplitMix64;
 use xtoken_train::data::{
     sources, AlignedStream, BatchShape, DocumentStream, Feed, Loader, LoaderState, Packer, Pipeline,
 };
 use xtoken_train::machine;
-use xtoken_train::rng::SplitMix64;
 
 use super::corpora;
 

@@ -16,8 +16,8 @@ use clap::Args;
 use serde_json::json;
 
 use super::median;
+use xtoken_train::cluster::parallel::{run_workers, Worker};
 use xtoken_train::cluster::{free_port_pair, join_as_node, Placement, Plan, Timeouts};
-use xtoken_train::parallel::{run_workers, Worker};
 
 type Cpu = Autodiff<NdArray>;
 

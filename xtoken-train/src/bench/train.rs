@@ -14,9 +14,10 @@ use burn::tensor::DType;
 use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_models::{Architecture, SaveDtype, Transformer};
-use xtoken_train::backend::{on_backend, DeviceKind, OnBackend, TrainBackend};
-use xtoken_train::parallel::Worker;
-use xtoken_train::profile::{self, HostMemory, Phase, StepProfile};
+use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
+use xtoken_train::cluster::parallel::Worker;
+use xtoken_train::config::DeviceKind;
+use xtoken_train::observe::profile::{self, HostMemory, Phase, StepProfile};
 use xtoken_train::{Run, RunConfig, RunOptions};
 
 use super::alloc;

@@ -5,10 +5,12 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use xtoken_train::backend::{on_backend, DeviceKind, OnBackend, TrainBackend};
-use xtoken_train::harness::model::{load, Scorable};
+use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
+use xtoken_train::config::DeviceKind;
+use xtoken_train::harness::model::Scorable;
 use xtoken_train::harness::task::PromptSettings;
 use xtoken_train::harness::{evaluate, tasks};
+use xtoken_train::train::export::load_for_eval;
 
 use super::models::DtypeArg;
 
@@ -103,7 +105,7 @@ impl OnBackend for Work {
     fn run<B: TrainBackend>(self, devices: Vec<B::Device>) -> xtoken_train::Result<Self::Output> {
         let args = self.args;
         let device = devices.into_iter().next().unwrap_or_default();
-        let loaded = load::<B::InnerBackend>(
+        let loaded = load_for_eval::<B::InnerBackend>(
             &args.model,
             args.config.as_deref(),
             args.dtype.dtype(),

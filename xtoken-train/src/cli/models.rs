@@ -242,12 +242,12 @@ pub fn export(args: ExportArgs) -> Result<()> {
     let start = Instant::now();
     let path = match args.config {
         Some(path) => path,
-        None => xtoken_train::export::run_config_of(&args.checkpoint)?,
+        None => xtoken_train::train::export::run_config_of(&args.checkpoint)?,
     };
     xtoken_train::paths::refuse_holding(&args.out, &[("the run's configuration", &path)])?;
     let config = xtoken_train::RunConfig::load_saved(&path)?;
     let device = Default::default();
-    let (out, step) = xtoken_train::export::export_checkpoint::<B>(
+    let (out, step) = xtoken_train::train::export::export_checkpoint::<B>(
         &config,
         &args.checkpoint,
         &args.out,
@@ -269,7 +269,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     eprintln!("loading {} …", args.model.display());
     let model = Transformer::<B>::load(&args.model, &Default::default())?;
     model.save(&args.out, args.dtype.into())?;
-    let copied = xtoken_train::export::copy_companions(&args.model, &args.out)?;
+    let copied = xtoken_train::train::export::copy_companions(&args.model, &args.out)?;
     eprintln!(
         "wrote {} as {} in {:.1} s{}",
         args.out.display(),

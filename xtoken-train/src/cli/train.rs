@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use xtoken_train::launch::{train_on, Devices};
-use xtoken_train::resume::Extension;
+use xtoken_train::train::launch::{train_on, Devices};
+use xtoken_train::train::resume::Extension;
 use xtoken_train::{RunConfig, RunOptions};
 
 /// Options of `xtoken train`.
@@ -62,7 +62,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
         let processes = devices.placement.as_ref().map_or(1, |p| p.world);
         let workers = devices.indices.len().max(1) * processes;
-        let plan = xtoken_train::preflight::check(&config, workers, kind, &options)?;
+        let plan = xtoken_train::train::preflight::check(&config, workers, kind, &options)?;
         println!("{plan}");
         return Ok(());
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::session::{abort, broadcast, send, Peer, Shared, State};
+use super::state::{abort, broadcast, send, Peer, Shared, State};
 
 /// Where one worker of this process notes the all-reduces it enters.
 #[derive(Clone)]
@@ -125,56 +125,4 @@ fn stalled(state: &State, world: usize, timeout: Duration) -> Option<String> {
             timeout.as_secs_f64()
         )
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{Placement, Plan, Session, Timeouts};
-    use std::time::{Duration, Instant};
-
-    /// Two sessions in one process: rank 0 enters a second all-reduce that rank 1 never does.
-    #[test]
-    fn a_rank_behind_an_all_reduce_is_named_after_the_exchange_timeout() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let placement = move |rank| Placement {
-            rank,
-            world: 2,
-            local_rank: rank,
-            master: "127.0.0.1".into(),
-            port,
-            launcher: "torchrun",
-        };
-        let timeouts = Timeouts {
-            join: Duration::from_secs(20),
-            peer: Duration::from_secs(20),
-            exchange: Duration::from_millis(400),
-        };
-        let plan = Plan {
-            workers: 1,
-            hash: 9,
-        };
-        let member = std::thread::spawn(move || Session::join(&placement(1), plan, timeouts));
-        let leader = Session::join(&placement(0), plan, timeouts).unwrap();
-        let member = member.join().unwrap().unwrap();
-        let (ahead, behind) = (leader.exchange_logs(1), member.exchange_logs(1));
-        let start = Instant::now();
-        ahead[0].entered();
-        behind[0].entered();
-        ahead[0].entered();
-        // Each waits at a barrier of its own, which only the abort ends.
-        let waiting = std::thread::spawn(move || member.barrier("b").unwrap_err().to_string());
-        let at_leader = leader.barrier("a").unwrap_err().to_string();
-        let at_member = waiting.join().unwrap();
-        assert!(start.elapsed() >= Duration::from_millis(400));
-        for message in [at_leader, at_member] {
-            assert!(
-                message.starts_with("rank(s) [1] did not reach all-reduce 2, which rank 0 entered"),
-                "{message}"
-            );
-        }
-    }
 }

@@ -11,14 +11,15 @@
 //! - from rank 0: `welcome ADDRESS` or `refused MESSAGE`, `beat`, `go BARRIER`, `abort MESSAGE`,
 //!   `end ok` or `end MESSAGE`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::exchanges::{record, watchdog, ExchangeLog};
-use super::Placement;
+use super::placement::Placement;
+use super::state::{abort, broadcast, send, Peer, Shared, State};
 use crate::error::{Error, Result};
 
 /// How long to wait for the other processes.
@@ -86,37 +87,6 @@ pub(super) enum Link {
     Leader(Vec<Peer>),
     /// The connection to rank 0.
     Member(Arc<Mutex<TcpStream>>),
-}
-
-/// Another rank and rank 0's connection to it.
-pub(super) type Peer = (usize, Arc<Mutex<TcpStream>>);
-
-#[derive(Default)]
-pub(super) struct Shared {
-    state: Mutex<State>,
-    pub(super) changed: Condvar,
-}
-
-type Hook = Box<dyn FnOnce(String) + Send>;
-
-#[derive(Default)]
-pub(super) struct State {
-    /// Barriers every rank has reached.
-    released: HashSet<String>,
-    /// Rank 0: the ranks at each barrier.
-    ready: HashMap<String, BTreeSet<usize>>,
-    /// Rank 0: each rank's parameter fingerprint at the end.
-    done: BTreeMap<usize, u64>,
-    /// The end, as rank 0 judged it.
-    pub(super) ended: Option<Result<(), String>>,
-    /// Why the run stopped, naming the rank at fault.
-    pub(super) aborted: Option<String>,
-    /// Called once with the abort's message (ends a waiting [`Session::run`]).
-    hook: Option<Hook>,
-    /// Rank 0: the all-reduces each rank has entered (its slowest worker's count).
-    pub(super) at: BTreeMap<usize, u64>,
-    /// Rank 0: when, and by which rank, each all-reduce was first entered.
-    pub(super) reached: BTreeMap<u64, (Instant, usize)>,
 }
 
 impl Session {
@@ -302,12 +272,6 @@ impl Session {
                 });
             }
         }
-    }
-}
-
-impl Shared {
-    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -653,34 +617,58 @@ fn end_if_complete(state: &mut State, world: usize, peers: &[Peer]) {
     broadcast(peers, &line, None);
 }
 
-/// Stops the run with `message`: wakes every waiter and the running [`Session::run`].
-pub(super) fn abort(shared: &Shared, message: String) {
-    let hook = {
-        let mut state = shared.lock();
-        if state.aborted.is_some() {
-            return;
-        }
-        state.aborted = Some(message.clone());
-        state.hook.take()
-    };
-    shared.changed.notify_all();
-    if let Some(hook) = hook {
-        hook(message);
-    }
-}
-
-pub(super) fn broadcast(peers: &[Peer], line: &str, except: Option<usize>) {
-    for (_, stream) in peers.iter().filter(|(r, _)| Some(*r) != except) {
-        let _ = send(stream, line);
-    }
-}
-
-pub(super) fn send(stream: &Mutex<TcpStream>, line: &str) -> Result<()> {
-    let mut stream = stream.lock().unwrap_or_else(|e| e.into_inner());
-    stream.write_all(format!("{line}\n").as_bytes())?;
-    Ok(())
-}
-
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Placement, Plan, Session, Timeouts};
+    use std::time::{Duration, Instant};
+
+    /// Two sessions in one process: rank 0 enters a second all-reduce that rank 1 never does.
+    #[test]
+    fn a_rank_behind_an_all_reduce_is_named_after_the_exchange_timeout() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let placement = move |rank| Placement {
+            rank,
+            world: 2,
+            local_rank: rank,
+            master: "127.0.0.1".into(),
+            port,
+            launcher: "torchrun",
+        };
+        let timeouts = Timeouts {
+            join: Duration::from_secs(20),
+            peer: Duration::from_secs(20),
+            exchange: Duration::from_millis(400),
+        };
+        let plan = Plan {
+            workers: 1,
+            hash: 9,
+        };
+        let member = std::thread::spawn(move || Session::join(&placement(1), plan, timeouts));
+        let leader = Session::join(&placement(0), plan, timeouts).unwrap();
+        let member = member.join().unwrap().unwrap();
+        let (ahead, behind) = (leader.exchange_logs(1), member.exchange_logs(1));
+        let start = Instant::now();
+        ahead[0].entered();
+        behind[0].entered();
+        ahead[0].entered();
+        // Each waits at a barrier of its own, which only the abort ends.
+        let waiting = std::thread::spawn(move || member.barrier("b").unwrap_err().to_string());
+        let at_leader = leader.barrier("a").unwrap_err().to_string();
+        let at_member = waiting.join().unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(400));
+        for message in [at_leader, at_member] {
+            assert!(
+                message.starts_with("rank(s) [1] did not reach all-reduce 2, which rank 0 entered"),
+                "{message}"
+            );
+        }
+    }
 }

@@ -4,7 +4,7 @@
 use xtoken_core::plan::{BatchPlan, ChunkPlan, MergeVariant, PlanItem};
 
 use super::packer::LoaderState;
-use super::AlignedText;
+use super::pipeline::AlignedText;
 use crate::error::Result;
 
 /// One forward/backward pass's inputs, laid out for the models and the losses.

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::data::Source;
+use super::sources::Source;
 use crate::error::{Context, Result};
 
 /// Bytes read at each end of a shard for its fingerprint.

@@ -28,6 +28,9 @@
 //! A training loop of your own can skip all of it: [`Pipeline::process`] aligns a text in
 //! memory, and [`micro_batch`] lays such texts out for the models and the losses.
 //!
+//! It stands on the ground (`config`, `error`) and on nothing else of this crate;
+//! [`rng`] is the seeded generator of its order (and of the benchmarks' corpora).
+//!
 //! [`BatchPlan`]: xtoken_core::plan::BatchPlan
 
 mod background;
@@ -37,6 +40,7 @@ pub mod loader;
 pub mod packer;
 pub mod pipeline;
 pub mod reader;
+pub mod rng;
 pub mod sources;
 pub mod stream;
 #[cfg(test)]

@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 use xtoken_core::align::{Alignment, Chunk, ChunkKind, Positions};
 use xtoken_core::cache::AlignCache;
 
+use super::pipeline::AlignedText;
+use super::rng::SplitMix64;
 use super::stream::{AlignedStream, StreamCursor};
-use super::AlignedText;
 use crate::error::{Error, Result};
-use crate::rng::SplitMix64;
 
 /// Where the packer stands: at a document (of the cache: the `position`-th of epoch `epoch`'s
 /// order; of a stream: the one `stream` points at), `offset` student tokens into it.

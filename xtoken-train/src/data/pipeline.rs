@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use serde_json::{json, Value};
 use xtoken_core::align::{AlignParams, Aligner, Alignment, Workspace};
 use xtoken_core::cache::{encode_record, AlignCache, CacheMetadata, CacheWriter, TokenizerRecord};
+use xtoken_core::temporary::Temporary;
 use xtoken_core::vocab::Vocabulary;
 
 use super::reader::{DocumentReader, RawDoc, TextExtractor};
@@ -453,24 +454,22 @@ pub fn open_or_build_cache(
         path.display()
     );
     // Written under a name of this process's own, then renamed: several processes may build the
-    // same cache at once.
-    let partial = path.with_extension(format!("{}.partial", std::process::id()));
+    // same cache at once. The guard removes it when the job fails or cannot rename it.
+    let partial = Temporary::beside(&path, "partial");
     let job = FileJob {
         input: &input,
         format: config.data_format()?,
-        out: Some(&partial),
+        out: Some(partial.path()),
         text_field: &config.data.text_field,
         threads,
         params: config.align_params(),
         progress,
     };
-    // The writer removes its own temporary file when the job fails; the finished one is
-    // removed here when it cannot be renamed into place.
     let stats = align_file(pipeline, &job, None)?;
-    if let Err(e) = std::fs::rename(&partial, &path) {
-        std::fs::remove_file(&partial).ok();
-        return Err(e).with_context(|| format!("renaming {} into place", partial.display()));
-    }
+    let shown = partial.path().display().to_string();
+    partial
+        .persist(&path)
+        .with_context(|| format!("renaming {shown} into place"))?;
     tracing::info!(
         "  {} documents, {} student tokens in {:.1} s",
         stats.docs,

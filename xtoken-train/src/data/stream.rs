@@ -19,11 +19,11 @@ use serde::{Deserialize, Serialize};
 use xtoken_core::align::Workspace;
 
 use super::background::Background;
+use super::pipeline::{AlignedText, Pipeline};
 use super::reader::{DocumentReader, RawDoc, TextExtractor};
+use super::rng::SplitMix64;
 use super::sources::Source;
-use super::{AlignedText, Pipeline};
 use crate::error::{Context, Error, Result};
-use crate::rng::SplitMix64;
 
 /// Documents read before a window is shuffled: enough to mix neighbours, small enough to
 /// reread on resume.

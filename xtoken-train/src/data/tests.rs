@@ -7,8 +7,10 @@ use xtoken_core::align::{Alignment, Chunk, ChunkKind, Positions};
 use xtoken_core::cache::{encode_record, AlignCache, CacheMetadata, CacheWriter, TokenizerRecord};
 use xtoken_core::plan::MergeVariant;
 
+use super::batch::micro_batch;
 use super::packer::epoch_order;
-use super::{micro_batch, AlignedText, Feed, LoaderState, Packer};
+use super::packer::{Feed, LoaderState, Packer};
+use super::pipeline::AlignedText;
 
 /// The teacher spelling of a student id: odd ids split in two, as a digit-splitting
 /// teacher splits a packed numeral.

@@ -8,6 +8,10 @@
 //! - [`model`]: log-likelihoods of continuations and greedy generation (KV cache), tokenized and
 //!   batched as the harness does;
 //! - [`report`]: accuracy and its standard error per task, the average, as Markdown and JSON.
+//!
+//! It stands on the ground (its task names are `config::TaskName`) and on `data`'s readers; the
+//! training stage scores its student with it (`train::benchmarks`) and loads a checkpoint for it
+//! (`train::export::load_for_eval`).
 
 pub mod docs;
 pub mod model;
@@ -15,7 +19,6 @@ pub mod pyrandom;
 pub mod report;
 pub mod task;
 pub mod tasks;
-pub mod training;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -377,46 +377,31 @@ pub struct Loaded<B: Backend> {
     pub source: String,
 }
 
-/// Loads a Hugging Face model directory, or a training checkpoint (a directory with
-/// `state.json`) with the run configuration `config` (default: the run's `run.toml` two
-/// directories up): then the student's tokenizer and special tokens are the run's student's.
-pub fn load<B: Backend>(
-    path: &Path,
-    config: Option<&Path>,
-    dtype: burn::tensor::DType,
-    device: &B::Device,
-) -> Result<Loaded<B>> {
-    let (model, model_dir, tokenizer, source) = if path.join("state.json").is_file() {
-        let config_path = match config {
-            Some(c) => c.to_path_buf(),
-            None => crate::export::run_config_of(path)?,
-        };
-        let run = crate::RunConfig::load_saved(&config_path)?;
-        let (model, step) = crate::export::checkpoint_student::<B>(&run, path, dtype, device)?;
-        let source = format!("checkpoint {} (step {step})", path.display());
-        (
-            model,
-            run.student.model.clone(),
-            run.student_tokenizer(),
-            source,
-        )
-    } else {
+impl<B: Backend> Loaded<B> {
+    /// Loads a Hugging Face model directory with its tokenizer and special tokens. (A training
+    /// checkpoint is read by `train::export::load_for_eval`, which ends here.)
+    pub fn hub(path: &Path, dtype: burn::tensor::DType, device: &B::Device) -> Result<Self> {
         let options = xtoken_models::LoadOptions { dtype };
         let model = Transformer::<B>::load_with(path, options, device)
             .map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
-        (
+        Self::with(model, path, path, path.display().to_string())
+    }
+
+    /// `model` with the tokenizer at `tokenizer` and the special tokens of the Hugging Face
+    /// directory `model_dir`; `source` names it in messages.
+    pub fn with(
+        model: Transformer<B>,
+        model_dir: &Path,
+        tokenizer: &Path,
+        source: String,
+    ) -> Result<Self> {
+        let tokenizer = read_tokenizer(tokenizer)?;
+        let special = SpecialTokens::read(model_dir, &tokenizer)?;
+        Ok(Loaded {
             model,
-            path.to_path_buf(),
-            path.to_path_buf(),
-            path.display().to_string(),
-        )
-    };
-    let tokenizer = read_tokenizer(&tokenizer)?;
-    let special = SpecialTokens::read(&model_dir, &tokenizer)?;
-    Ok(Loaded {
-        model,
-        tokenizer,
-        special,
-        source,
-    })
+            tokenizer,
+            special,
+            source,
+        })
+    }
 }

@@ -4,9 +4,9 @@
 use anyhow::Result;
 use serde::Serialize;
 
-use xtoken_train::metrics::{bar_chart, line_chart};
+use xtoken_train::observe::metrics::{bar_chart, line_chart};
 
-use super::{DemoArgs, Regime, METHODS};
+use super::setup::{DemoArgs, Regime, ALPHA, METHODS};
 
 /// One model's evaluation: a teacher's (`method` "teacher") or a student's.
 #[derive(Debug, Clone, Serialize)]
@@ -148,7 +148,7 @@ pub fn write(
         args.teacher_steps,
         args.warmup_steps,
         args.student_steps,
-        super::ALPHA
+        ALPHA
     );
     std::fs::write(out.join("results.md"), &report)?;
     let json = serde_json::json!({ "results": results, "seconds": seconds });

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, Context, Result};
 
-use xtoken_train::launch::{train_on, Devices};
+use xtoken_train::train::launch::{train_on, Devices};
 use xtoken_train::{RunConfig, RunOptions};
 
 /// One training run of the demo.

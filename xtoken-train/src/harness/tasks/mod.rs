@@ -15,24 +15,19 @@ pub use mmlu::Mmlu;
 pub use winogrande::WinoGrande;
 
 use super::task::Task;
-use crate::error::{Error, Result};
+use crate::config::TaskName;
+use crate::error::Result;
 
 /// The tasks by name, in the paper's order.
-pub const NAMES: [&str; 5] = ["mmlu", "gsm8k", "math", "winogrande", "hellaswag"];
+pub const NAMES: [&str; 5] = TaskName::NAMES;
 
-/// The task called `name`.
+/// The task called `name` (see [`TaskName`]).
 pub fn named(name: &str) -> Result<Box<dyn Task>> {
-    Ok(match name {
-        "mmlu" => Box::new(Mmlu),
-        "gsm8k" => Box::new(Gsm8k),
-        "math" | "hendrycks_math" => Box::new(Math),
-        "winogrande" => Box::new(WinoGrande),
-        "hellaswag" => Box::new(HellaSwag),
-        other => {
-            return Err(Error::Config(format!(
-                "unknown task `{other}` (tasks: {})",
-                NAMES.join(", ")
-            )))
-        }
+    Ok(match name.parse::<TaskName>()? {
+        TaskName::Mmlu => Box::new(Mmlu),
+        TaskName::Gsm8k => Box::new(Gsm8k),
+        TaskName::Math => Box::new(Math),
+        TaskName::WinoGrande => Box::new(WinoGrande),
+        TaskName::HellaSwag => Box::new(HellaSwag),
     })
 }

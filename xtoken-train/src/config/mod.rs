@@ -3,6 +3,10 @@
 //! decay to 0, weight decay 0.1, clipping 1.0, τ = 1, top-K 8192, W top-4 trained at 1e-2).
 //! Unknown keys are refused by name, and [`RunConfig::validate`] names the key of a bad value.
 //!
+//! Every floor of the crate stands on it, and it stands on `error` alone: the choices it parses
+//! ([`choices`]: dtypes, the device family, the scaling scope, the benchmarks' names) live here,
+//! and the stages take them from here.
+//!
 //! ```
 //! use xtoken_train::config::RunConfig;
 //!
@@ -25,6 +29,10 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod choices;
+
+pub use choices::{DeviceKind, DtypeChoice, ScalingScope, TaskName};
+
 use crate::error::{Context, Error, Result};
 use serde::{Deserialize, Serialize};
 use xtoken_core::align::AlignParams;
@@ -32,7 +40,6 @@ use xtoken_core::loss::multi::{ConfidenceMeasure, Weighting};
 use xtoken_core::loss::{LossKind, LossParams, TopK};
 use xtoken_core::plan::MergeVariant;
 
-use crate::step::ScalingScope;
 use xtoken_core::projection::ProjectionParams;
 
 /// The whole run.
@@ -431,36 +438,6 @@ fn parse_loss(key: &str, value: &str) -> Result<Option<LossKind>> {
     })
 }
 
-/// A dtype key's value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DtypeChoice {
-    /// bf16 where the backend has it, else f32.
-    Auto,
-    /// 32-bit floats.
-    F32,
-    /// bfloat16.
-    Bf16,
-    /// IEEE half precision.
-    F16,
-}
-
-impl DtypeChoice {
-    fn parse(key: &str, value: &str, allow_auto: bool) -> Result<Self> {
-        Ok(match value {
-            "auto" if allow_auto => DtypeChoice::Auto,
-            "f32" => DtypeChoice::F32,
-            "bf16" => DtypeChoice::Bf16,
-            "f16" => DtypeChoice::F16,
-            other => {
-                return Err(Error::Config(format!(
-                    "{key} = {other:?}: expected {}\"f32\", \"bf16\" or \"f16\"",
-                    if allow_auto { "\"auto\", " } else { "" }
-                )))
-            }
-        })
-    }
-}
-
 /// A teacher with every default filled in.
 #[derive(Debug, Clone)]
 pub struct TeacherSettings {
@@ -589,7 +566,7 @@ impl RunConfig {
                     .into(),
             ));
         }
-        self.device.parse::<crate::backend::DeviceKind>()?;
+        self.device.parse::<DeviceKind>()?;
         self.student_dtype()?;
         self.compute_dtype()?;
         self.validate_teachers()?;
@@ -606,7 +583,7 @@ impl RunConfig {
                 ));
             }
             for (i, task) in eval.tasks.iter().enumerate() {
-                crate::harness::tasks::named(task)
+                task.parse::<TaskName>()
                     .map_err(|e| Error::Config(format!("eval.tasks[{i}]: {e}")))?;
             }
             if !eval.tasks.is_empty() && eval.tasks_data.is_none() {

@@ -4,7 +4,7 @@
 //! saving leaves only the temporary directory, which [`latest`] removes.
 //!
 //! With `checkpoint.hf`, the student is also written as a Hugging Face directory `hf/` inside
-//! the checkpoint (see [`crate::export`]).
+//! the checkpoint (see [`crate::train::export`]).
 //!
 //! The last file written before the rename is `manifest.json`: every other file's size and
 //! xxh3-64 checksum (`hf/`'s files included). [`latest`] verifies it and never loads a checkpoint whose bytes differ
@@ -25,8 +25,8 @@ use xtoken_core::temporary::Temporary;
 use crate::backend::TrainBackend;
 use crate::data::LoaderState;
 use crate::error::{Context, Error, Result};
-use crate::optim::Trainable;
-use crate::teachers::Teacher;
+use crate::train::optim::Trainable;
+use crate::train::teachers::Teacher;
 
 /// What a checkpoint records besides the tensors.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -44,14 +44,14 @@ pub struct CheckpointState {
     /// Where the learning rate's decay restarted when the run was extended with
     /// `--extend-steps decay`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decay_from: Option<crate::schedule::DecayAnchor>,
+    pub decay_from: Option<crate::train::schedule::DecayAnchor>,
     /// The training data's shards as they were when the run started (or last accepted a
     /// change), compared on `--resume`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data: Vec<crate::data::fingerprint::ShardPrint>,
     /// The last step's α and `γ`, which `scaling_scope = "previous-step"` applies next.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scaling: Option<crate::step::Scaling>,
+    pub scaling: Option<crate::train::step::Scaling>,
 }
 
 fn recorder() -> BinFileRecorder<FullPrecisionSettings> {

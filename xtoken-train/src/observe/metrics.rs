@@ -7,9 +7,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Context, Error, Result};
-use crate::eval::EvalRow;
 use crate::harness::report::TaskReport;
-use crate::tensorboard::EventWriter;
+use crate::observe::evals::EvalRow;
+use crate::observe::tensorboard::EventWriter;
 
 /// One step's numbers.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,7 +2,7 @@
 //!
 //! 1. [`Run::open`]: the run directory (or the checkpoint to restore), the inputs, the
 //!    teachers, the student with its optimizer groups, and the data loader;
-//! 2. [`Run::step`]: one optimizer step ([`crate::step::step`]) and its metrics;
+//! 2. [`Run::step`]: one optimizer step ([`crate::train::step::step`]) and its metrics;
 //! 3. [`Run::log`] and [`Run::checkpoint`]: the metrics file, the progress, the checkpoints;
 //! 4. [`Run::export`]: the student as a Hugging Face directory.
 //!
@@ -15,46 +15,30 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
-use indicatif::{ProgressBar, ProgressStyle};
+use xtoken_core::temporary::NewEntries;
 use xtoken_models::{LoadOptions, Transformer};
 
 use crate::backend::TrainBackend;
-use crate::checkpoint::{self, CheckpointState};
+use crate::cluster::parallel::{fingerprint, Worker};
 use crate::config::RunConfig;
 use crate::data::{AlignedStream, BatchShape, DocumentStream, Feed, Loader, LoaderState, Packer};
 use crate::error::{Context, Error, Result};
-use crate::eval::{EvalLog, EvalRow, HeldOut};
-use crate::export::{export_trained, write_student};
-use crate::harness::training::TrainingBenchmarks;
-use crate::inputs::RunInputs;
-use crate::lock::RunLock;
-use crate::memory::MemoryEstimate;
-use crate::metrics::{MetricsLog, StepMetrics};
-use crate::optim::Trainable;
-use crate::parallel::{fingerprint, Worker};
-use crate::resume::Extension;
-use crate::schedule::{anchored_rate, DecayAnchor};
-use crate::step::{held_out as held_out_values, step, LossSetup, StepRates};
-use crate::teachers::{dtype_of, Teacher};
-
-/// How a run starts and how far it goes.
-#[derive(Debug, Clone, Default)]
-pub struct RunOptions {
-    /// Continue from the newest complete checkpoint in the run directory.
-    pub resume: bool,
-    /// Stop (with a checkpoint) after this step instead of `training.steps`.
-    pub stop_after: Option<u64>,
-    /// On `resume`: `training.steps` changed, and the schedule continues this way.
-    pub extend: Option<Extension>,
-    /// On `resume`: train on although the data's shards changed since the checkpoint (else
-    /// that is an error naming them).
-    pub allow_data_change: bool,
-    /// The file the configuration was read from: never overwritten by the run.
-    pub config_file: Option<PathBuf>,
-    /// Start although the memory estimate exceeds the device's (or the cap's) limit:
-    /// `xtoken bench train` measures what it is asked to run, and shows the estimate beside.
-    pub skip_memory_check: bool,
-}
+use crate::observe::evals::{EvalLog, EvalRow};
+use crate::observe::metrics::{MetricsLog, StepMetrics};
+use crate::observe::progress::Progress;
+use crate::train::benchmarks::TrainingBenchmarks;
+use crate::train::checkpoint::{self, CheckpointState};
+use crate::train::export::{export_trained, write_student};
+use crate::train::heldout::HeldOut;
+use crate::train::inputs::RunInputs;
+use crate::train::lock::RunLock;
+use crate::train::memory::MemoryEstimate;
+use crate::train::optim::Trainable;
+use crate::train::options::RunOptions;
+use crate::train::resume::Extension;
+use crate::train::schedule::{anchored_rate, DecayAnchor};
+use crate::train::step::{held_out as held_out_values, step, LossSetup, StepRates};
+use crate::train::teachers::{dtype_of, Teacher};
 
 /// What a finished run reports.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -110,28 +94,28 @@ impl<B: TrainBackend> Run<B> {
         worker: Worker,
     ) -> Result<Self> {
         let lead = worker.leads();
-        crate::preflight::check_options(&config, options)?;
+        crate::train::preflight::check_options(&config, options)?;
         if lead {
-            crate::preflight::check_outputs(&config, options, false)?;
+            crate::train::preflight::check_outputs(&config, options, false)?;
         }
-        let before = Created::before(&config.output_dir);
+        // A run that fails to open leaves its directory as it was (`run.toml`, a W built, logs
+        // go), but for `data/`: an alignment cache built there serves the next attempt.
+        let created = lead.then(|| NewEntries::of(&config.output_dir).sparing("data"));
         let lock = match lead {
-            true => Some(lock_directory(&config.output_dir)?),
+            true => match lock_directory(&config.output_dir) {
+                Ok(lock) => Some(lock),
+                // Another process's directory: nothing new in it is this run's.
+                Err(e) => {
+                    created.into_iter().for_each(NewEntries::keep);
+                    return Err(e);
+                }
+            },
             false => None,
         };
-        let opened = Self::open_locked(config, options, device, worker);
-        match opened {
-            Ok(mut run) => {
-                run.lock = lock;
-                Ok(run)
-            }
-            Err(e) => {
-                if lead {
-                    before.undo();
-                }
-                Err(e)
-            }
-        }
+        let mut run = Self::open_locked(config, options, device, worker)?;
+        run.lock = lock;
+        created.into_iter().for_each(NewEntries::keep);
+        Ok(run)
     }
 
     fn open_locked(
@@ -144,10 +128,10 @@ impl<B: TrainBackend> Run<B> {
         let changed = open_directory(&config, options, lead)?;
         let progress = Progress::new(lead, &config);
         let inputs = RunInputs::load(&config, progress.visible)?;
-        let memory = crate::memory::estimate(&config, &inputs, config.grad_accum(1)?)?;
-        let memory_cap = crate::memory::cap()?;
+        let memory = crate::train::memory::estimate(&config, &inputs, config.grad_accum(1)?)?;
+        let memory_cap = crate::train::memory::cap()?;
         if !options.skip_memory_check {
-            crate::memory::check_fits(&memory, B::free_bytes(&device))?;
+            crate::train::memory::check_fits(&memory, B::free_bytes(&device))?;
         }
         let mut teachers = (0..inputs.settings.len())
             .map(|m| Teacher::<B>::load(&config, &inputs, m, &device, lead))
@@ -204,7 +188,7 @@ impl<B: TrainBackend> Run<B> {
         )?;
         let t = &config.training;
         let last = options.stop_after.unwrap_or(t.steps).min(t.steps);
-        progress.start(&config, &state, last, (accum, worker.count));
+        progress.start(&config, state.step, last, (accum, worker.count));
         Ok(Self {
             setup: LossSetup::of(&config)?,
             device,
@@ -351,10 +335,10 @@ impl<B: TrainBackend> Run<B> {
     /// The next optimizer step; returns its metrics.
     pub fn step(&mut self) -> Result<StepMetrics> {
         let started = Instant::now();
-        crate::profile::start_step();
+        crate::observe::profile::start_step();
         let n = self.state.step + 1;
         let batch = self.loader.next_step()?;
-        crate::profile::boundary::<B>(&self.device, || "data wait".into());
+        crate::observe::profile::boundary::<B>(&self.device, || "data wait".into());
         let lr = self.rate_after(self.state.step);
         let t = &self.config.training;
         let rates = StepRates {
@@ -375,9 +359,9 @@ impl<B: TrainBackend> Run<B> {
             )
         })
         .with_context(|| format!("step {n}"))?;
-        crate::profile::end_step();
+        crate::observe::profile::end_step();
         if let Some(cap) = self.memory_cap {
-            crate::memory::check_pools(cap, B::reserved_bytes(&self.device), n)?;
+            crate::train::memory::check_pools(cap, B::reserved_bytes(&self.device), n)?;
         }
         self.state.step = n;
         self.state.loader = batch.state_after;
@@ -407,8 +391,13 @@ impl<B: TrainBackend> Run<B> {
     pub fn log(&mut self, row: StepMetrics) -> Result<()> {
         let every = self.config.training.log_every;
         let due = row.step % every == 0 || row.step == self.last;
+        let names: Vec<&str> = self
+            .teachers
+            .iter()
+            .map(|t| t.settings.name.as_str())
+            .collect();
         self.progress
-            .show(&row, &self.teachers, self.config.training.steps, due);
+            .show(&row, &names, self.config.training.steps, due);
         if let Some(metrics) = self.metrics.as_mut() {
             metrics.push(row)?;
         }
@@ -515,7 +504,7 @@ fn catch_out_of_memory<T>(step: u64, work: impl FnOnce() -> Result<T>) -> Result
         Ok(result) => result,
         Err(payload) => {
             let message = xtoken_kernels::device::panic_text(&*payload).unwrap_or_default();
-            if !crate::memory::is_out_of_memory(message) {
+            if !crate::train::memory::is_out_of_memory(message) {
                 std::panic::resume_unwind(payload);
             }
             let first = message.lines().next().unwrap_or_default();
@@ -536,7 +525,7 @@ pub(crate) fn resolved_text(config: &RunConfig) -> Result<String> {
 }
 
 /// Creates the run directory, or checks what a resumed run changes of its configuration
-/// ([`crate::resume::check`]); a fresh run refuses a directory that holds checkpoints. Returns,
+/// ([`crate::train::resume::check`]); a fresh run refuses a directory that holds checkpoints. Returns,
 /// for a resumed run whose configuration differs from run.toml's, the configuration it was
 /// started with and whether its steps changed.
 fn open_directory(
@@ -558,7 +547,7 @@ fn open_directory(
             return Ok(None);
         }
         let started = RunConfig::load_saved(&run_toml)?;
-        let extended = crate::resume::check(&started, config, options.extend)
+        let extended = crate::train::resume::check(&started, config, options.extend)
             .with_context(|| format!("--resume ({})", run_toml.display()))?;
         return Ok(Some((started, extended)));
     }
@@ -611,45 +600,6 @@ fn check_data(inputs: &RunInputs, state: &mut CheckpointState, options: &RunOpti
     }
     state.data = now;
     Ok(())
-}
-
-/// What a run directory held before a run opened it, to remove what the opening created when
-/// it fails (`run.toml`, a W built, logs), keeping an alignment cache it built (reused by the
-/// next attempt) and removing the directory itself when it is left empty.
-struct Created {
-    dir: PathBuf,
-    entries: Option<Vec<std::ffi::OsString>>,
-}
-
-impl Created {
-    fn before(dir: &Path) -> Self {
-        let entries = std::fs::read_dir(dir)
-            .ok()
-            .map(|list| list.filter_map(|e| e.ok().map(|e| e.file_name())).collect());
-        Self {
-            dir: dir.to_path_buf(),
-            entries,
-        }
-    }
-
-    fn undo(self) {
-        let Ok(list) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        let old = self.entries.unwrap_or_default();
-        for entry in list.flatten() {
-            let name = entry.file_name();
-            if old.contains(&name) || name == "data" {
-                continue;
-            }
-            let path = entry.path();
-            match entry.file_type() {
-                Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path).ok(),
-                _ => std::fs::remove_file(&path).ok(),
-            };
-        }
-        std::fs::remove_dir(&self.dir).ok();
-    }
 }
 
 /// A resumed run's changed configuration: with extended steps, where the schedule goes on
@@ -843,92 +793,4 @@ fn start_loader(
         length_multiple,
     };
     Loader::start(packer, shape, config.merge_variant()?, config.data.prefetch)
-}
-
-/// What a run shows while it goes: a progress bar on a terminal, else a line every
-/// `log_every` steps (lead worker only).
-struct Progress {
-    bar: ProgressBar,
-    visible: bool,
-    lead: bool,
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        self.bar.finish_and_clear();
-    }
-}
-
-impl Progress {
-    fn new(lead: bool, config: &RunConfig) -> Self {
-        let visible = lead && std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let bar = if visible {
-            ProgressBar::new(config.training.steps)
-        } else {
-            ProgressBar::hidden()
-        };
-        bar.set_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} steps · {msg} · ETA {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        Self { bar, visible, lead }
-    }
-
-    /// Positions the bar and says what the run will do.
-    fn start(
-        &self,
-        config: &RunConfig,
-        state: &CheckpointState,
-        last: u64,
-        (accum, workers): (usize, usize),
-    ) {
-        self.bar.set_position(state.step);
-        let t = &config.training;
-        if self.lead {
-            tracing::info!(
-                "training steps {}..{last} of {}: {} sequences × {} tokens per step ({} per micro-batch, {} micro-batches × {workers} workers)",
-                state.step,
-                t.steps,
-                t.batch_size,
-                t.context_length,
-                t.micro_batch,
-                accum,
-            );
-        }
-    }
-
-    /// Moves the bar; off a terminal, prints the step's line when `due`.
-    fn show<B: TrainBackend>(
-        &self,
-        row: &StepMetrics,
-        teachers: &[Teacher<B>],
-        steps: u64,
-        due: bool,
-    ) {
-        self.bar.set_position(row.step);
-        self.bar.set_message(format!(
-            "loss {:.4} (CE {:.4}, KD {:.4}) · {:.0} tok/s",
-            row.loss, row.ce, row.kd, row.tokens_per_s
-        ));
-        if !self.lead || self.visible || !due {
-            return;
-        }
-        let per_teacher: Vec<String> = teachers
-            .iter()
-            .zip(&row.teachers)
-            .map(|(t, (l, a))| format!("{} {l:.4} (α {a:.3})", t.settings.name))
-            .collect();
-        tracing::info!(
-            "step {}/{steps} · lr {:.3e} · loss {:.4} · CE {:.4} · KD {:.4} [{}] · |g| {:.3} · {:.0} tok/s · {:.2} GB",
-            row.step,
-            row.lr,
-            row.loss,
-            row.ce,
-            row.kd,
-            per_teacher.join(", "),
-            row.grad_norm,
-            row.tokens_per_s,
-            row.memory_bytes as f64 / 1e9
-        );
-    }
 }

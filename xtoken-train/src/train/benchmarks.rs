@@ -10,12 +10,12 @@ use tokenizers::Tokenizer;
 use xtoken_kernels::XTokenBackend;
 use xtoken_models::Transformer;
 
-use super::model::{read_tokenizer, Scorable, SpecialTokens};
-use super::report::TaskReport;
-use super::task::{Item, PromptSettings, Task};
-use super::{prepare, score, tasks};
 use crate::config::RunConfig;
 use crate::error::{Context, Error, Result};
+use crate::harness::model::{read_tokenizer, Scorable, SpecialTokens};
+use crate::harness::report::TaskReport;
+use crate::harness::task::{Item, PromptSettings, Task};
+use crate::harness::{prepare, score, tasks};
 
 /// The benchmarks of a run, ready to score its student.
 pub struct TrainingBenchmarks {

@@ -33,26 +33,14 @@ use xtoken_core::loss::{ce, evaluate, scaling, Loss, LossParams, TeacherTargets,
 use xtoken_models::Transformer;
 
 use crate::backend::TrainBackend;
-use crate::config::RunConfig;
+use crate::cluster::parallel::{Exchange, Worker};
+use crate::config::{RunConfig, ScalingScope};
 use crate::data::{MicroBatch, StepBatch};
 use crate::error::{Context, Error, Result};
-use crate::optim::{clip_scale, squared_norm, Trainable};
-use crate::parallel::{Exchange, Worker};
-use crate::profile;
-use crate::readout::Readout;
-use crate::teachers::{tokens, Teacher};
-
-/// Where dynamic scaling's ratio `γ` and adaptive α are measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScalingScope {
-    /// Once per optimizer step, on the whole step's batch (the paper).
-    Step,
-    /// The previous step's, on its whole batch; the first step (and the first after resuming
-    /// from a checkpoint that holds none) measures its own batch first, as `Step` does.
-    PreviousStep,
-    /// On each micro-batch's own losses.
-    MicroBatch,
-}
+use crate::observe::profile;
+use crate::train::optim::{clip_scale, squared_norm, Trainable};
+use crate::train::readout::Readout;
+use crate::train::teachers::{tokens, Teacher};
 
 /// How every micro-batch's loss is formed.
 #[derive(Debug, Clone)]

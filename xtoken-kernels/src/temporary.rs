@@ -2,8 +2,10 @@
 //! A [`Temporary`] removes what it names when dropped before [`Temporary::persist`] (an error on
 //! the way), and every living one is listed in a process-wide registry that
 //! [`remove_all`] empties: a command's interrupt handler calls it, so that Ctrl-C leaves no
-//! half-written file behind either.
+//! half-written file behind either. [`NewEntries`] guards a directory the same way: what an
+//! operation adds to it is removed when the operation fails.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -81,6 +83,65 @@ fn remove(path: &Path) {
     };
 }
 
+/// The entries an operation adds to a directory, removed when the guard drops before
+/// [`NewEntries::keep`]; the directory too, when the operation created it and it is left empty.
+/// What was there before, and the names [`NewEntries::sparing`] lists, are never touched.
+#[derive(Debug)]
+pub struct NewEntries {
+    dir: PathBuf,
+    /// The names there before; `None`: the directory did not exist.
+    before: Option<Vec<OsString>>,
+    spared: Vec<OsString>,
+    kept: bool,
+}
+
+impl NewEntries {
+    /// Notes what `dir` holds now.
+    pub fn of(dir: &Path) -> Self {
+        let before = std::fs::read_dir(dir)
+            .ok()
+            .map(|list| list.filter_map(|e| e.ok().map(|e| e.file_name())).collect());
+        Self {
+            dir: dir.to_path_buf(),
+            before,
+            spared: Vec::new(),
+            kept: false,
+        }
+    }
+
+    /// Leaves an entry of this name in place even when it is new (it outlives the operation).
+    pub fn sparing(mut self, name: &str) -> Self {
+        self.spared.push(name.into());
+        self
+    }
+
+    /// The operation succeeded: its entries stay.
+    pub fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for NewEntries {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        let Ok(list) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let old = self.before.as_deref().unwrap_or_default();
+        for entry in list.flatten() {
+            let name = entry.file_name();
+            if !old.contains(&name) && !self.spared.contains(&name) {
+                remove(&entry.path());
+            }
+        }
+        if self.before.is_none() {
+            std::fs::remove_dir(&self.dir).ok();
+        }
+    }
+}
+
 /// Removes every temporary alive in this process (for an interrupt handler, which exits next).
 pub fn remove_all() {
     let list = std::mem::take(&mut *registry());
@@ -118,5 +179,40 @@ mod tests {
         assert!(!registry().contains(&path));
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn new_entries_go_unless_kept_and_old_ones_stay() {
+        let dir = std::env::temp_dir().join(format!("xtoken-entries-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("old"), b"mine").unwrap();
+        let guard = NewEntries::of(&dir).sparing("data");
+        std::fs::write(dir.join("new"), b"x").unwrap();
+        std::fs::create_dir_all(dir.join("tree/a")).unwrap();
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        drop(guard);
+        let mut left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["data", "old"]);
+        NewEntries::of(&dir).keep();
+        let guard = NewEntries::of(&dir);
+        std::fs::write(dir.join("kept"), b"x").unwrap();
+        guard.keep();
+        assert!(dir.join("kept").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        // A directory the operation made goes with its entries; an existing empty one stays.
+        let made = dir.join("made");
+        let guard = NewEntries::of(&made);
+        std::fs::create_dir_all(made.join("x")).unwrap();
+        drop(guard);
+        assert!(!made.exists());
+        std::fs::create_dir_all(&made).unwrap();
+        drop(NewEntries::of(&made));
+        assert!(made.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

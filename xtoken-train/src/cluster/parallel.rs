@@ -32,6 +32,7 @@ use burn::tensor::Tensor;
 use xtoken_core::loss::pkl::LearnableProjection;
 use xtoken_models::Transformer;
 
+use super::exchanges::ExchangeLog;
 use crate::error::Result;
 
 /// Whether this build runs data-parallel workers (feature `collective`).
@@ -53,7 +54,7 @@ pub struct Nodes {
     pub host: String,
     /// One per worker of this process ([`crate::cluster::Session::exchange_logs`]), so that rank
     /// 0 can name the ranks that stay behind; empty: unwatched.
-    pub logs: Vec<crate::cluster::ExchangeLog>,
+    pub logs: Vec<ExchangeLog>,
 }
 
 /// This worker among the data-parallel workers of the run.
@@ -67,7 +68,7 @@ pub struct Worker {
     #[cfg(feature = "collective")]
     pub peer: Option<burn::collective::PeerId>,
     /// Where it notes the all-reduces it enters, in a run of several processes.
-    pub log: Option<crate::cluster::ExchangeLog>,
+    pub log: Option<ExchangeLog>,
 }
 
 /// What the workers sum after each step: the student's gradients, each learnable W's, and the
@@ -230,7 +231,7 @@ mod collective {
     use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
     use xtoken_core::loss::pkl::LearnableProjection;
 
-    use super::{Exchange, Nodes, Summed, Worker, PIECE};
+    use super::{Exchange, ExchangeLog, Nodes, Summed, Worker, PIECE};
     use crate::error::{Error, Result};
 
     /// Where each gradient sits in the flat exchange tensor: its parameter, shape and dtype.
@@ -427,7 +428,7 @@ mod collective {
     /// them hanging. An error is noted in `first` before the worker leaves: the cause comes
     /// before the errors it causes. `None` when this worker failed.
     fn worker<B, T, F>(
-        (rank, count, log): (usize, usize, Option<crate::cluster::ExchangeLog>),
+        (rank, count, log): (usize, usize, Option<ExchangeLog>),
         device: B::Device,
         config: CollectiveConfig,
         (work, first): (&F, &FirstError),

@@ -12,7 +12,7 @@ pub fn learning_rate(step: u64, total: u64, lr: f64, warmup: f64, min_lr: f64) -
     min_lr + (lr - min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
 }
 
-/// Where a run extended with [`Extension::Decay`](crate::resume::Extension) starts its new
+/// Where a run extended with [`Extension::Decay`](crate::train::resume::Extension) starts its new
 /// decay: the step it resumed at and the rate it had reached.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DecayAnchor {

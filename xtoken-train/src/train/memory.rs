@@ -4,11 +4,11 @@
 
 use xtoken_models::Architecture;
 
-use crate::backend::DeviceKind;
+use crate::config::DeviceKind;
+use crate::config::ScalingScope;
 use crate::config::{DtypeChoice, RunConfig};
 use crate::error::{Error, Result};
-use crate::inputs::RunInputs;
-use crate::step::ScalingScope;
+use crate::train::inputs::RunInputs;
 
 /// The environment variable that caps a run's memory: the process's heap on the CPU backends,
 /// each device's memory pools on a GPU. Bytes, or a number with `KB`, `MB`, `GB`, `KiB`, `MiB` or `GiB`.

@@ -5,13 +5,15 @@
 
 use std::hash::Hasher;
 
-use crate::backend::{on_backend, DeviceKind, OnBackend, TrainBackend};
+use crate::backend::{on_backend, OnBackend, TrainBackend};
+use crate::cluster::parallel::{run_workers, Nodes, Worker, DATA_PARALLEL};
 use crate::cluster::{join_as_node, Placement, Plan, Session, Timeouts};
+use crate::config::DeviceKind;
 use crate::config::RunConfig;
 use crate::error::{Error, Result};
-use crate::inputs::prepare_shared_files;
-use crate::parallel::{run_workers, Nodes, Worker, DATA_PARALLEL};
-use crate::run::{resolved_text, train, RunOptions, RunSummary};
+use crate::train::inputs::prepare_shared_files;
+use crate::train::options::RunOptions;
+use crate::train::run::{resolved_text, train, RunSummary};
 use xtoken_kernels::memory::DeviceMemory;
 
 /// The devices of a run: a family, and the indices of its devices (one data-parallel worker

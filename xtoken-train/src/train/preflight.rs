@@ -10,15 +10,15 @@ use std::path::PathBuf;
 use xtoken_core::loss::LossKind;
 use xtoken_core::projection::SparseProjection;
 
-use crate::backend::DeviceKind;
+use crate::config::DeviceKind;
 use crate::config::{DtypeChoice, RunConfig};
 use crate::data::pipeline::PIECE_BYTES;
 use crate::data::{DocumentReader, Source};
 use crate::error::{Context, Error, Result};
-use crate::inputs::RunInputs;
-use crate::memory::{self, MemoryEstimate};
 use crate::paths::refuse_holding;
-use crate::run::RunOptions;
+use crate::train::inputs::RunInputs;
+use crate::train::memory::{self, MemoryEstimate};
+use crate::train::options::RunOptions;
 
 /// A checked run and its plan.
 #[derive(Debug, Clone)]
@@ -250,7 +250,7 @@ pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -
         }
     }
     let student = out.join("student");
-    crate::export::check_target(config, &student).context("output_dir")?;
+    crate::train::export::check_target(config, &student).context("output_dir")?;
     let data: Vec<(&str, &std::path::Path)> = config
         .data
         .path
@@ -260,7 +260,7 @@ pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -
         .collect();
     refuse_holding(&student, &data).context("output_dir")?;
     if checking {
-        if let Some(holder) = crate::lock::RunLock::held_elsewhere(out) {
+        if let Some(holder) = crate::train::lock::RunLock::held_elsewhere(out) {
             return Err(Error::Run(format!(
                 "{}: another xtoken process trains in this run directory ({holder})",
                 out.display()
@@ -342,7 +342,7 @@ fn teacher_plan(config: &RunConfig, inputs: &RunInputs, m: usize) -> Result<Teac
         }
         (None, None) => unreachable!("auto always has W"),
     };
-    crate::teachers::check_kl(m, loss.0, student, teacher)?;
+    crate::train::teachers::check_kl(m, loss.0, student, teacher)?;
     Ok(TeacherPlan {
         name: settings.name.clone(),
         parameters: inputs.teacher_configs[m].architecture.num_parameters(),

@@ -12,11 +12,12 @@ use xtoken_core::temporary::Temporary;
 use xtoken_models::checkpoint::SINGLE_FILE;
 use xtoken_models::{LoadOptions, SaveDtype, Transformer};
 
-use crate::checkpoint;
 use crate::config::{DtypeChoice, RunConfig};
 use crate::error::{Context, Error, Result};
+use crate::harness::model::Loaded;
 use crate::paths::{refuse_holding, refuse_inside};
-use crate::teachers::dtype_of;
+use crate::train::checkpoint;
+use crate::train::teachers::dtype_of;
 
 /// Writes `student` into the new directory `dir` with the student's companion files.
 pub fn write_student<B: Backend>(
@@ -213,4 +214,27 @@ pub fn run_config_of(checkpoint: &Path) -> Result<PathBuf> {
             checkpoint.display()
         ))
     })
+}
+
+/// Loads a model to score (`xtoken eval`): a Hugging Face model directory, or a training
+/// checkpoint (a directory with `state.json`) with the run configuration `config` (default: the
+/// run's `run.toml` two directories up), whose tokenizer and special tokens are then the run's
+/// student's.
+pub fn load_for_eval<B: Backend>(
+    path: &Path,
+    config: Option<&Path>,
+    dtype: burn::tensor::DType,
+    device: &B::Device,
+) -> Result<Loaded<B>> {
+    if !path.join("state.json").is_file() {
+        return Loaded::hub(path, dtype, device);
+    }
+    let config_path = match config {
+        Some(c) => c.to_path_buf(),
+        None => run_config_of(path)?,
+    };
+    let run = RunConfig::load_saved(&config_path)?;
+    let (model, step) = checkpoint_student::<B>(&run, path, dtype, device)?;
+    let source = format!("checkpoint {} (step {step})", path.display());
+    Loaded::with(model, &run.student.model, &run.student_tokenizer(), source)
 }

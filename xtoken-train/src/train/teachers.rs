@@ -13,14 +13,14 @@ use xtoken_core::loss::pkl::LearnableProjection;
 use xtoken_core::loss::{hkl, Loss, LossKind, LossParams, TeacherTargets};
 use xtoken_core::projection::SparseProjection;
 use xtoken_core::vocab::Vocabulary;
-use xtoken_models::{LoadOptions, Tokens, Transformer};
+use xtoken_models::{LoadOptions, ModelError, Tokens, Transformer};
 
 use crate::backend::TrainBackend;
 use crate::config::{DtypeChoice, RunConfig, TeacherSettings};
 use crate::data::TeacherBatch;
 use crate::error::{Context, Error, Result};
-use crate::inputs::{projection_for, RunInputs};
-use crate::profile;
+use crate::observe::profile;
+use crate::train::inputs::{projection_for, RunInputs};
 
 /// A teacher with everything its loss needs.
 pub struct Teacher<B: AutodiffBackend> {
@@ -121,26 +121,27 @@ impl<B: TrainBackend> Teacher<B> {
         weighting: Weighting,
         device: &B::Device,
     ) -> Result<TeacherTargets<B>> {
-        let limit = self.model.architecture.max_position_embeddings;
-        if batch.len > limit {
-            return Err(Error::Config(format!(
-                "teacher {}: a packed row holds {} of its tokens, more than its \
-                 max_position_embeddings = {limit} ({}/config.json); lower training.context_length",
-                self.settings.name,
-                batch.len,
-                self.settings.model.display()
-            )));
-        }
         // Rows are padded on the right and attention is causal: no real position sees a padded
         // one, and the plan reads real rows only. So the teacher runs without a padding mask,
         // which would build a `[rows, 1, len, len]` mask on the host and leave the causal kernel.
-        let tokens = tokens::<B::InnerBackend>(&batch.ids, &None, [rows, batch.len], device);
-        let logits = tokens
-            .and_then(|t| Ok(self.model.forward_of(&t)?))
-            .with_context(|| format!("teacher {}: forward", self.settings.name))?;
-        profile::boundary::<B>(device, || {
-            format!("teacher {}: forward", self.settings.name)
-        });
+        let forward = |name: &str| format!("teacher {name}: forward");
+        let tokens = tokens::<B::InnerBackend>(&batch.ids, &None, [rows, batch.len], device)
+            .with_context(|| forward(&self.settings.name))?;
+        let logits = match self.model.forward_of(&tokens) {
+            Ok(logits) => logits,
+            // The model's own check of its positions, said in the run's terms.
+            Err(ModelError::TooLong { len, limit }) => {
+                return Err(Error::Config(format!(
+                    "teacher {}: a packed row holds {len} of its tokens, more than its \
+                     max_position_embeddings = {limit} ({}/config.json); lower \
+                     training.context_length",
+                    self.settings.name,
+                    self.settings.model.display()
+                )))
+            }
+            Err(e) => return Err(e).with_context(|| forward(&self.settings.name)),
+        };
+        profile::boundary::<B>(device, || forward(&self.settings.name));
         let logits = Tensor::<B, 3>::from_inner(logits);
         let built = if matches!(weighting, Weighting::Adaptive(_)) {
             TeacherTargets::with_confidence(logits, &batch.plan, params)
