@@ -48,20 +48,44 @@ pub struct RopeTables<B: Backend> {
     pub sin: Tensor<B, 2>,
 }
 
+/// Llama-3's rescaling of one inverse frequency, in transformers' order of f32 operations:
+/// long wavelengths divided by `factor`, short ones kept, a linear ramp between.
+struct Llama3Ramp {
+    factor: f32,
+    low_freq_factor: f32,
+    ramp_width: f32,
+    old_context: f32,
+    low_freq_wavelen: f32,
+    high_freq_wavelen: f32,
+}
+
+impl Llama3Ramp {
+    fn scale(&self, f: f32) -> f32 {
+        let wavelen = (2.0 * std::f64::consts::PI) as f32 / f;
+        if wavelen > self.low_freq_wavelen {
+            f / self.factor
+        } else if wavelen < self.high_freq_wavelen {
+            f
+        } else {
+            let smooth = (self.old_context / wavelen - self.low_freq_factor) / self.ramp_width;
+            (1.0 - smooth) * f / self.factor + smooth * f
+        }
+    }
+}
+
 impl Rope {
     /// Inverse frequencies for a forward pass over `len` positions, and the factor HF multiplies
-    /// `cos`/`sin` by.
+    /// `cos`/`sin` by. Every step is an f32 operation, as transformers computes them (a value of
+    /// the configuration enters as an f32): at positions in the thousands the angle `position ·
+    /// f` amplifies a frequency's last bit, so an f64 table would differ from HF's in the logits.
     pub fn inverse_frequencies(&self, len: usize) -> (Vec<f32>, f32) {
-        let dim = self.rotary_dim;
-        let base: Vec<f32> = (0..dim / 2)
-            .map(|i| (1.0 / self.theta.powf((2 * i) as f64 / dim as f64)) as f32)
-            .collect();
+        let powers = self.powers();
         match &self.scaling {
-            RopeScaling::None => (base, 1.0),
-            RopeScaling::Linear { factor } => (
-                base.iter().map(|f| (*f as f64 / factor) as f32).collect(),
-                1.0,
-            ),
+            RopeScaling::None => (powers.iter().map(|p| 1.0 / p).collect(), 1.0),
+            RopeScaling::Linear { factor } => {
+                let factor = *factor as f32;
+                (powers.iter().map(|p| 1.0 / p / factor).collect(), 1.0)
+            }
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -69,26 +93,15 @@ impl Rope {
                 original_max_position_embeddings,
             } => {
                 let old_context = *original_max_position_embeddings as f64;
-                let low_freq_wavelen = old_context / low_freq_factor;
-                let high_freq_wavelen = old_context / high_freq_factor;
-                let scaled = base
-                    .iter()
-                    .map(|&f| {
-                        let f = f as f64;
-                        let wavelen = 2.0 * std::f64::consts::PI / f;
-                        if wavelen < high_freq_wavelen {
-                            f
-                        } else if wavelen > low_freq_wavelen {
-                            f / factor
-                        } else {
-                            let smooth = (old_context / wavelen - low_freq_factor)
-                                / (high_freq_factor - low_freq_factor);
-                            (1.0 - smooth) * f / factor + smooth * f
-                        }
-                    })
-                    .map(|f| f as f32)
-                    .collect();
-                (scaled, 1.0)
+                let ramp = Llama3Ramp {
+                    factor: *factor as f32,
+                    low_freq_factor: *low_freq_factor as f32,
+                    ramp_width: (high_freq_factor - low_freq_factor) as f32,
+                    old_context: old_context as f32,
+                    low_freq_wavelen: (old_context / low_freq_factor) as f32,
+                    high_freq_wavelen: (old_context / high_freq_factor) as f32,
+                };
+                (powers.iter().map(|p| ramp.scale(1.0 / p)).collect(), 1.0)
             }
             RopeScaling::LongRope {
                 short_factor,
@@ -101,15 +114,27 @@ impl Rope {
                 } else {
                     short_factor
                 };
-                let scaled = (0..dim / 2)
-                    .map(|i| {
-                        let exponent = (2 * i) as f64 / dim as f64;
-                        (1.0 / (factors[i] * self.theta.powf(exponent))) as f32
-                    })
+                let scaled = powers
+                    .iter()
+                    .zip(factors)
+                    .map(|(p, f)| 1.0 / (*f as f32 * p))
                     .collect();
                 (scaled, *attention_factor as f32)
             }
         }
+    }
+
+    /// `theta ^ (2i / rotary_dim)` for each frequency `i`: the exponent an f32 quotient, the
+    /// power of the f32 base rounded once to f32.
+    fn powers(&self) -> Vec<f32> {
+        let dim = self.rotary_dim;
+        let base = self.theta as f32 as f64;
+        (0..dim / 2)
+            .map(|i| {
+                let exponent = (2 * i) as f32 / dim as f32;
+                base.powf(exponent as f64) as f32
+            })
+            .collect()
     }
 
     /// `cos` and `sin` at given positions, `[rows, 1, len, rotary_dim / 2]` for `positions`

@@ -1,6 +1,8 @@
 //! Logits parity with HF transformers on the tiny checkpoints `tests/fixtures/make_parity.py`
 //! wrote (llama3 rope scaling, bf16 file + tied head, Qwen3 q/k norm, Phi-3 partial rotary +
-//! LongRoPE short and long + sliding window, shards + transformers 5 config, right padding).
+//! LongRoPE short and long + sliding window, shards + transformers 5 config, right padding; and
+//! Llama-3.2's rope at 1100 positions with large weights, where the rotary angles' rounding
+//! would show).
 
 mod support;
 
@@ -39,4 +41,9 @@ fn qwen3_sharded_transformers5_config() {
 #[test]
 fn phi3_partial_rotary_longrope_short_and_long_sliding_window() {
     check("phi3");
+}
+
+#[test]
+fn llama3_rope_past_a_thousand_positions_with_large_weights() {
+    check("llama3-long");
 }

@@ -385,6 +385,29 @@ fn bad_inputs_name_what_is_wrong() {
         err.contains("test.jsonl:1: field `question` is not a string"),
         "{err}"
     );
+    // A GSM8k solution without its final answer `#### n` is named, not scored as never matched.
+    std::fs::write(
+        tmp.join("gsm8k/test.jsonl"),
+        "{\"question\": \"q\", \"answer\": \"4 #### 4\"}\n{\"question\": \"q\", \"answer\": \"4\"}\n",
+    )
+    .unwrap();
+    let err = prompts(task.as_ref(), &tmp.join("gsm8k"), &zero)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("test.jsonl:2: field `answer` has no final answer `#### n`"),
+        "{err}"
+    );
+    // A missing few-shot split lists the splits there are.
+    std::fs::write(
+        tmp.join("gsm8k/test.jsonl"),
+        "{\"question\": \"q\", \"answer\": \"4 #### 4\"}\n",
+    )
+    .unwrap();
+    let err = prompts(task.as_ref(), &tmp.join("gsm8k"), &SETTINGS)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no `train` split (found: test)"), "{err}");
     std::fs::remove_dir_all(&tmp).ok();
 }
 

@@ -111,8 +111,9 @@ pub struct Item {
 /// documents in file order, as the harness builds them.
 pub fn prompts(task: &dyn Task, dir: &Path, settings: &PromptSettings) -> Result<Vec<Item>> {
     let mut splits = read_splits(dir, task.configs())?;
+    // Named before any split is taken out, so that a missing second split lists the first.
+    let found: Vec<String> = splits.keys().cloned().collect();
     let split = |splits: &mut BTreeMap<String, Vec<Doc>>, name: &str| {
-        let found: Vec<String> = splits.keys().cloned().collect();
         splits.remove(name).ok_or_else(|| {
             Error::Data(format!(
                 "{}: {}: no `{name}` split (found: {})",

@@ -67,6 +67,19 @@ impl Gsm8k {
     fn question(doc: &Doc) -> Result<String> {
         Ok(format!("Question: {}\nAnswer:", doc.text("question")?))
     }
+
+    /// The solution, which ends in its final answer `#### n`: without it the reference would be
+    /// the whole solution, which no answer matches.
+    fn answer(doc: &Doc) -> Result<&str> {
+        let answer = doc.text("answer")?;
+        if !answer.contains("####") {
+            return Err(Error::Data(format!(
+                "{}: field `answer` has no final answer `#### n`",
+                doc.place
+            )));
+        }
+        Ok(answer)
+    }
 }
 
 impl Task for Gsm8k {
@@ -83,11 +96,14 @@ impl Task for Gsm8k {
         "train"
     }
     fn shot(&self, doc: &Doc) -> Result<String> {
-        Ok(format!("{} {}", Self::question(doc)?, doc.text("answer")?))
+        Ok(format!("{} {}", Self::question(doc)?, Self::answer(doc)?))
     }
     fn request(&self, doc: &Doc, prefix: &str) -> Result<Request> {
+        let context = format!("{prefix}{}", Self::question(doc)?);
+        // Checked with the prompts, before the model answers.
+        Self::answer(doc)?;
         Ok(Request::Generate {
-            context: format!("{prefix}{}", Self::question(doc)?),
+            context,
             until: vec!["Question:".into(), "</s>".into(), "<|im_end|>".into()],
         })
     }
@@ -103,7 +119,7 @@ impl Task for Gsm8k {
                 "gsm8k was answered with log-likelihoods".into(),
             ));
         };
-        let reference = doc.text("answer")?;
+        let reference = Self::answer(doc)?;
         Ok(vec![
             f64::from(exact_match(&extract(&STRICT, text, 0), reference)),
             f64::from(exact_match(&extract(&FLEXIBLE, text, -1), reference)),
