@@ -12,7 +12,7 @@ use serde_json::Value;
 use xtoken_models::{Greedy, Transformer};
 use xtoken_train::harness::docs::Doc;
 use xtoken_train::harness::model::{token_loglikelihoods, Loaded, Scorable};
-use xtoken_train::harness::task::{prompts, Item, PromptSettings, Request, Response};
+use xtoken_train::harness::task::{prompts, Item, PromptSettings, Request, Response, Task};
 use xtoken_train::harness::{answer, evaluate, task_dir, tasks};
 use xtoken_train::train::export::load_for_eval;
 
@@ -133,7 +133,7 @@ fn responses_are_hf_transformers_responses() {
                 match response {
                     Response::Choice(lls) => {
                         for (ours, theirs) in lls.iter().zip(theirs) {
-                            let theirs = theirs[0].as_f64().unwrap();
+                            let (ours, theirs) = (ours.value, theirs[0].as_f64().unwrap());
                             assert!((ours - theirs).abs() <= 1e-4, "{task}: {ours} vs {theirs}");
                         }
                     }
@@ -150,25 +150,34 @@ fn responses_are_hf_transformers_responses() {
     }
 }
 
-/// Each task's metrics and standard errors as the harness reported them (MMLU's and MATH's
-/// subjects aggregated as its groups are), and the Markdown and JSON reports.
-#[test]
-fn metrics_are_the_harness_metrics() {
-    let expected = expected();
-    let model = loaded();
-    let scorable = Scorable {
+/// The fixture model as the harness ran it: 4 sequences a batch, 16 generated tokens at most.
+fn as_the_harness_ran(model: &Loaded<B>) -> Scorable<'_, B> {
+    Scorable {
         model: &model.model,
         tokenizer: &model.tokenizer,
         special: model.special.clone(),
         batch: 4,
         max_gen_toks: 16,
         use_cache: true,
-    };
-    let all: Vec<_> = tasks::NAMES
+    }
+}
+
+fn all_tasks() -> Vec<Box<dyn Task>> {
+    tasks::NAMES
         .iter()
         .map(|n| tasks::named(n).unwrap())
-        .collect();
-    let report = evaluate(&scorable, &all, &fixtures().join("data"), &SETTINGS).unwrap();
+        .collect()
+}
+
+/// Each task's metrics and standard errors as the harness reported them (MMLU's and MATH's
+/// subjects aggregated as its groups are), and the Markdown and JSON reports.
+#[test]
+fn metrics_are_the_harness_metrics() {
+    let expected = expected();
+    let model = loaded();
+    let scorable = as_the_harness_ran(&model);
+    let all = all_tasks();
+    let report = evaluate(&scorable, &all, &fixtures().join("data"), &SETTINGS, None).unwrap();
     for task in &report.tasks {
         let results = &expected[&task.task]["results"];
         for metric in &task.metrics {
@@ -273,7 +282,7 @@ fn parity_checkpoints_score_and_generate_as_hf() {
         for batch in [1, 2, 5] {
             let ours = token_loglikelihoods(&model, batch, &pairs, |_| {}).unwrap();
             for (ours, request) in ours.iter().zip(requests) {
-                let theirs = request["loglikelihood"].as_f64().unwrap();
+                let (ours, theirs) = (ours.value, request["loglikelihood"].as_f64().unwrap());
                 assert!(
                     (ours - theirs).abs() <= 1e-4,
                     "{case} batch {batch}: {ours} vs {theirs}"
@@ -473,5 +482,98 @@ fn the_eval_command_prints_and_writes_the_report() {
         !failed.status.success() && stderr.contains("/no/such/model"),
         "{stderr}"
     );
+    std::fs::remove_dir_all(&out).ok();
+}
+
+fn jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// A log-likelihood pair `[value, is_greedy]` as both write it: the values within 1e-4, the
+/// flags equal.
+fn same_pair(ours: &Value, theirs: &Value, what: &str) {
+    let value = |v: &Value| v[0].as_str().unwrap().parse::<f64>().unwrap();
+    assert!(
+        (value(ours) - value(theirs)).abs() <= 1e-4,
+        "{what}: {ours} vs {theirs}"
+    );
+    assert_eq!(ours[1], theirs[1], "{what}: is_greedy");
+}
+
+/// `--log-samples`: every document's record equals the harness's own (`samples/`, written by
+/// its `--log_samples`): the same files and lines, prompts, targets, filters, filtered answers,
+/// metric values and hashes exactly, log-likelihoods within 1e-4.
+#[test]
+fn log_samples_are_the_harness_records() {
+    let model = loaded();
+    let scorable = as_the_harness_ran(&model);
+    let all = all_tasks();
+    let out = std::env::temp_dir().join(format!("xtoken-samples-{}", std::process::id()));
+    let data = fixtures().join("data");
+    evaluate(&scorable, &all, &data, &SETTINGS, Some(&out)).unwrap();
+    let theirs_dir = fixtures().join("samples");
+    let mut files: Vec<String> = std::fs::read_dir(&theirs_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 7, "{files:?}");
+    for file in files {
+        // The fixture's harness run named MATH's subjects `math_<subject>`.
+        let ours_name = file.replace("samples_math_", "samples_hendrycks_math_");
+        let ours = jsonl(&out.join(&ours_name));
+        let theirs = jsonl(&theirs_dir.join(&file));
+        assert_eq!(ours.len(), theirs.len(), "{file}: records");
+        for (ours, theirs) in ours.iter().zip(&theirs) {
+            let what = format!("{file} doc {} {}", theirs["doc_id"], theirs["filter"]);
+            for key in ["doc_id", "target", "arguments", "filter", "metrics"] {
+                assert_eq!(ours[key], theirs[key], "{what}: {key}");
+            }
+            for key in ["prompt_hash", "target_hash"] {
+                assert_eq!(ours[key], theirs[key], "{what}: {key}");
+            }
+            for metric in theirs["metrics"].as_array().unwrap() {
+                let metric = metric.as_str().unwrap();
+                assert_eq!(
+                    ours[metric].as_f64(),
+                    theirs[metric].as_f64(),
+                    "{what}: {metric}"
+                );
+            }
+            let (resps, filtered) = (&ours["resps"], &ours["filtered_resps"]);
+            let (their_resps, their_filtered) = (&theirs["resps"], &theirs["filtered_resps"]);
+            assert_eq!(
+                resps.as_array().unwrap().len(),
+                their_resps.as_array().unwrap().len()
+            );
+            for (i, (ours, theirs)) in resps
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(their_resps.as_array().unwrap())
+                .enumerate()
+            {
+                match theirs[0].as_str() {
+                    // A generation: the text, then the filtered answer.
+                    Some(text) => {
+                        assert_eq!(ours[0].as_str(), Some(text), "{what}: resps");
+                        assert_eq!(filtered[i], their_filtered[i], "{what}: filtered_resps");
+                    }
+                    None => {
+                        same_pair(&ours[0], &theirs[0], &what);
+                        same_pair(&filtered[i], &their_filtered[i], &what);
+                    }
+                }
+            }
+            // The document as read: every field the dataset has, as the harness read it.
+            for (key, value) in ours["doc"].as_object().unwrap() {
+                assert_eq!(&theirs["doc"][key], value, "{what}: doc.{key}");
+            }
+        }
+    }
     std::fs::remove_dir_all(&out).ok();
 }

@@ -214,7 +214,8 @@ fn benchmarks_are_scored_during_training_and_on_checkpoints() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/harness/data");
     let eval = |tasks: &str| {
         format!(
-            "\n[eval]\ntasks = {tasks}\ntasks_data = \"{}\"\ntasks_limit = 1\nevery = 4\n",
+            "\n[eval]\ntasks = {tasks}\ntasks_data = \"{}\"\ntasks_limit = 1\nevery = 4\n\
+             tasks_log_samples = true\n",
             data.display()
         )
     };
@@ -247,6 +248,25 @@ fn benchmarks_are_scored_during_training_and_on_checkpoints() {
         csv.contains("4,gsm8k,\"exact_match,strict-match\","),
         "{csv}"
     );
+    // `tasks_log_samples`: each evaluation's records, GSM8k's once per filter.
+    for step in ["step-00000004", "step-00000006"] {
+        let dir = run.join("samples").join(step);
+        let lines = |name: &str| {
+            let text = std::fs::read_to_string(dir.join(name)).unwrap();
+            let records: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            records
+        };
+        assert_eq!(lines("samples_winogrande.jsonl").len(), 1, "{step}");
+        let gsm8k = lines("samples_gsm8k.jsonl");
+        let filters: Vec<&str> = gsm8k
+            .iter()
+            .map(|r| r["filter"].as_str().unwrap())
+            .collect();
+        assert_eq!(filters, ["strict-match", "flexible-extract"], "{step}");
+    }
 
     let checkpoint = run.join("checkpoints/step-00000006");
     let out = xtoken(&[

@@ -64,6 +64,10 @@ pub struct EvalArgs {
     /// Also write results.md and results.json into this directory.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Also write each document's record into --out, as lm-evaluation-harness's
+    /// `--log_samples` does: `samples_<task>.jsonl` per task (per subject for MMLU and MATH).
+    #[arg(long, requires = "out")]
+    log_samples: bool,
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {
@@ -125,6 +129,7 @@ impl OnBackend for Work {
             seed: args.seed,
             limit: args.limit,
         };
-        evaluate(&scorable, &self.tasks, &args.data, &settings)
+        let samples = args.out.as_deref().filter(|_| args.log_samples);
+        evaluate(&scorable, &self.tasks, &args.data, &settings, samples)
     }
 }

@@ -100,6 +100,10 @@ pub struct EvalConfig {
     /// Solved examples per benchmark prompt.
     #[serde(default = "defaults::eval_shots")]
     pub tasks_shots: usize,
+    /// Also write each benchmark document's record at every evaluation, as `xtoken eval
+    /// --log-samples` does, into `<output_dir>/samples/step-<N>/`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tasks_log_samples: bool,
     /// Steps between evaluations.
     #[serde(default = "defaults::eval_every")]
     pub every: u64,

@@ -7,7 +7,8 @@
 //! - [`tasks`]: the five tasks, one file each;
 //! - [`model`]: log-likelihoods of continuations and greedy generation (KV cache), tokenized and
 //!   batched as the harness does;
-//! - [`report`]: accuracy and its standard error per task, the average, as Markdown and JSON.
+//! - [`report`]: accuracy and its standard error per task, the average, as Markdown and JSON;
+//! - [`samples`]: the record of every scored document, in the harness's `--log_samples` layout.
 //!
 //! It stands on the ground (its task names are `config::TaskName`) and on `data`'s readers; the
 //! training stage scores its student with it (`train::benchmarks`) and loads a checkpoint for it
@@ -17,6 +18,7 @@ pub mod docs;
 pub mod model;
 pub mod pyrandom;
 pub mod report;
+pub mod samples;
 pub mod task;
 pub mod tasks;
 
@@ -52,18 +54,20 @@ pub fn task_dir(data: &Path, task: &dyn Task) -> Result<PathBuf> {
         })
 }
 
-/// Scores `model` on each task under `data` and reports the results.
+/// Scores `model` on each task under `data` and reports the results; with `samples`, each
+/// document's record is written there too ([`samples`]).
 pub fn evaluate<B: XTokenBackend>(
     model: &Scorable<'_, B>,
     tasks: &[Box<dyn Task>],
     data: &Path,
     settings: &PromptSettings,
+    samples: Option<&Path>,
 ) -> Result<Report> {
     let prepared = prepare(tasks, data, settings)?;
     let reports = tasks
         .iter()
         .zip(&prepared)
-        .map(|(task, items)| score(model, task.as_ref(), items))
+        .map(|(task, items)| score(model, task.as_ref(), items, samples))
         .collect::<Result<Vec<_>>>()?;
     Ok(Report::new(reports, settings))
 }
@@ -90,19 +94,30 @@ pub fn prepare(
         .collect()
 }
 
-/// Scores `model` on one task's prepared requests.
+/// Scores `model` on one task's prepared requests; with `samples`, writes each document's
+/// record there ([`samples`]).
 pub fn score<B: XTokenBackend>(
     model: &Scorable<'_, B>,
     task: &dyn Task,
     items: &[task::Item],
+    samples: Option<&Path>,
 ) -> Result<TaskReport> {
     let started = Instant::now();
     let requests: Vec<&Request> = items.iter().map(|i| &i.request).collect();
     let responses = answer(model, task.name(), &requests)?;
     let mut scores = Vec::with_capacity(items.len());
     for (item, response) in items.iter().zip(&responses) {
-        scores.push((item.subset.clone(), task.score(&item.doc, response)?));
+        scores.push(task.score(&item.doc, response)?);
     }
+    if let Some(dir) = samples {
+        let files = samples::records(task, items, &responses, &scores, model.max_gen_toks)?;
+        samples::write(dir, &files)?;
+    }
+    let scores: Vec<(String, Vec<f64>)> = items
+        .iter()
+        .map(|item| item.subset.clone())
+        .zip(scores)
+        .collect();
     let seconds = started.elapsed().as_secs_f64();
     tracing::info!(
         "{}: {} documents in {seconds:.1} s ({:.2} documents/s)",

@@ -11,6 +11,7 @@ use tokenizers::Tokenizer;
 use xtoken_kernels::XTokenBackend;
 use xtoken_models::{Greedy, Transformer};
 
+use super::task::LogLikelihood;
 use crate::error::{Error, Result};
 
 /// A causal LM ready to be scored.
@@ -181,7 +182,7 @@ impl<B: XTokenBackend> Scorable<'_, B> {
         &self,
         pairs: &[(String, String)],
         progress: impl FnMut(usize),
-    ) -> Result<Vec<f64>> {
+    ) -> Result<Vec<LogLikelihood>> {
         let tokens = pairs
             .iter()
             .map(|(context, continuation)| self.encode_pair(context, continuation))
@@ -264,7 +265,7 @@ pub fn token_loglikelihoods<B: XTokenBackend>(
     batch: usize,
     pairs: &[(Vec<u32>, Vec<u32>)],
     mut progress: impl FnMut(usize),
-) -> Result<Vec<f64>> {
+) -> Result<Vec<LogLikelihood>> {
     let max_length = model.architecture.max_position_embeddings;
     let mut scored = Vec::with_capacity(pairs.len());
     for (context, continuation) in pairs {
@@ -287,7 +288,13 @@ pub fn token_loglikelihoods<B: XTokenBackend>(
     }
     let mut unique: Vec<(&[u32], Vec<usize>)> = inputs.into_iter().collect();
     unique.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(b.0)));
-    let mut out = vec![0.0; pairs.len()];
+    let mut out = vec![
+        LogLikelihood {
+            value: 0.0,
+            greedy: true,
+        };
+        pairs.len()
+    ];
     for chunk in unique.chunks(batch.max(1)) {
         score_batch(model, chunk, &scored, &mut out)?;
         progress(chunk.iter().map(|(_, users)| users.len()).sum());
@@ -299,7 +306,7 @@ fn score_batch<B: XTokenBackend>(
     model: &Transformer<B>,
     batch: &[(&[u32], Vec<usize>)],
     scored: &[Scored],
-    out: &mut [f64],
+    out: &mut [LogLikelihood],
 ) -> Result<()> {
     let device = model.embed_tokens.weight.device();
     let rows = batch.len();
@@ -339,14 +346,24 @@ fn score_batch<B: XTokenBackend>(
     let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [count, 1]), &device);
     let hidden = hidden.reshape([rows * width, size]).select(0, at);
     let logits = model.logits_of_rows(hidden).cast(burn::tensor::DType::F32);
-    let logprobs = log_softmax(logits, 1).gather(1, tokens);
+    let logprobs = log_softmax(logits, 1);
+    // The harness's `is_greedy`: every continuation token is its row's argmax.
+    let greedy = logprobs.clone().argmax(1).equal(tokens.clone());
     let logprobs = logprobs
+        .gather(1, tokens)
         .into_data()
         .convert::<f64>()
         .into_vec::<f64>()
         .map_err(|e| Error::Data(format!("reading log-probabilities: {e:?}")))?;
-    for ((_, _, user), lp) in targets.iter().zip(logprobs) {
-        out[*user] += lp;
+    let greedy = greedy
+        .int()
+        .into_data()
+        .convert::<i64>()
+        .into_vec::<i64>()
+        .map_err(|e| Error::Data(format!("reading the greedy tokens: {e:?}")))?;
+    for (((_, _, user), lp), top) in targets.iter().zip(logprobs).zip(greedy) {
+        out[*user].value += lp;
+        out[*user].greedy &= top != 0;
     }
     Ok(())
 }

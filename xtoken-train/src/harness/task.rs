@@ -26,11 +26,21 @@ pub enum Request {
     },
 }
 
+/// A continuation's log-likelihood, in nats, and whether it is the greedy continuation (each of
+/// its tokens the most likely one): the harness's `(loglikelihood, is_greedy)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LogLikelihood {
+    /// The log-likelihood.
+    pub value: f64,
+    /// Whether greedy decoding would have produced the continuation.
+    pub greedy: bool,
+}
+
 /// What the model answered.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Response {
-    /// The log-likelihood of each choice's continuation, in nats.
-    Choice(Vec<f64>),
+    /// Each choice's continuation, scored.
+    Choice(Vec<LogLikelihood>),
     /// The generated text, cut at the first stop sequence.
     Text(String),
 }
@@ -83,6 +93,21 @@ pub trait Task: Send + Sync {
     fn headline(&self) -> &'static str;
     /// Each metric's score for one document, in `metrics()` order.
     fn score(&self, doc: &Doc, response: &Response) -> Result<Vec<f64>>;
+    /// What the harness's `doc_to_target` makes of a document, as its records write it.
+    fn target(&self, doc: &Doc) -> Result<String>;
+    /// The harness's filters of a generated answer (its `filter_list`); a metric named
+    /// `name,filter` is scored after `filter`, one named `name` after `none`.
+    fn filters(&self) -> &'static [&'static str] {
+        &["none"]
+    }
+    /// The answer `filter` takes from a generated `text`, as the harness's records show it.
+    fn filtered(&self, _filter: &str, text: &str) -> String {
+        text.to_string()
+    }
+    /// The harness's name of a subset's (sub)task, which names its record's file.
+    fn harness_name(&self, _subset: &str) -> String {
+        self.name().to_string()
+    }
 }
 
 /// How prompts are made.
@@ -220,10 +245,15 @@ pub fn argmax(values: &[f64]) -> usize {
     best
 }
 
+/// The log-likelihoods of scored continuations.
+pub fn values(lls: &[LogLikelihood]) -> Vec<f64> {
+    lls.iter().map(|ll| ll.value).collect()
+}
+
 /// `acc` for a multiple-choice response: 1 when the likeliest choice is `gold`.
 pub fn choice_accuracy(response: &Response, gold: usize) -> Result<f64> {
     match response {
-        Response::Choice(lls) => Ok(f64::from(argmax(lls) == gold)),
+        Response::Choice(lls) => Ok(f64::from(argmax(&values(lls)) == gold)),
         Response::Text(_) => Err(Error::Data(
             "a multiple-choice task was answered with text".into(),
         )),

@@ -25,6 +25,8 @@ pub struct TrainingBenchmarks {
     special: SpecialTokens,
     batch: usize,
     log: BenchmarkLog,
+    /// `<output_dir>/samples` with `eval.tasks_log_samples`.
+    samples: Option<PathBuf>,
 }
 
 impl TrainingBenchmarks {
@@ -65,6 +67,9 @@ impl TrainingBenchmarks {
             special,
             batch: config.training.micro_batch.max(1),
             log: BenchmarkLog::open(&config.output_dir.join("benchmarks.csv"), start_step)?,
+            samples: eval
+                .tasks_log_samples
+                .then(|| config.output_dir.join("samples")),
         }))
     }
 
@@ -86,7 +91,13 @@ impl TrainingBenchmarks {
             .tasks
             .iter()
             .zip(&self.items)
-            .map(|(task, items)| score(&scorable, task.as_ref(), items))
+            .map(|(task, items)| {
+                let samples = self
+                    .samples
+                    .as_ref()
+                    .map(|s| s.join(format!("step-{step:08}")));
+                score(&scorable, task.as_ref(), items, samples.as_deref())
+            })
             .collect::<Result<Vec<_>>>()?;
         self.log.push(step, &reports)?;
         Ok(reports)

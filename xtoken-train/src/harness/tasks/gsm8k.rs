@@ -121,9 +121,24 @@ impl Task for Gsm8k {
         };
         let reference = Self::answer(doc)?;
         Ok(vec![
-            f64::from(exact_match(&extract(&STRICT, text, 0), reference)),
-            f64::from(exact_match(&extract(&FLEXIBLE, text, -1), reference)),
+            f64::from(exact_match(&self.filtered("strict-match", text), reference)),
+            f64::from(exact_match(
+                &self.filtered("flexible-extract", text),
+                reference,
+            )),
         ])
+    }
+    fn target(&self, doc: &Doc) -> Result<String> {
+        Ok(Self::answer(doc)?.to_string())
+    }
+    fn filters(&self) -> &'static [&'static str] {
+        &["strict-match", "flexible-extract"]
+    }
+    fn filtered(&self, filter: &str, text: &str) -> String {
+        match filter {
+            "strict-match" => extract(&STRICT, text, 0),
+            _ => extract(&FLEXIBLE, text, -1),
+        }
     }
 }
 

@@ -113,9 +113,12 @@ impl Task for HellaSwag {
         let normalized: Vec<f64> = lls
             .iter()
             .zip(&parsed.choices)
-            .map(|(ll, choice)| ll / choice.chars().count() as f64)
+            .map(|(ll, choice)| ll.value / choice.chars().count() as f64)
             .collect();
         Ok(vec![acc, f64::from(argmax(&normalized) == parsed.gold)])
+    }
+    fn target(&self, doc: &Doc) -> Result<String> {
+        Ok(doc.integer("label")?.to_string())
     }
 }
 

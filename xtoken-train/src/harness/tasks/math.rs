@@ -70,6 +70,35 @@ impl Task for Math {
         };
         Ok(vec![f64::from(is_equiv(answer, &Self::answer(doc)?))])
     }
+    fn target(&self, doc: &Doc) -> Result<String> {
+        Self::answer(doc)
+    }
+    fn harness_name(&self, subset: &str) -> String {
+        format!("hendrycks_math_{}", subject_name(subset))
+    }
+}
+
+/// The harness's name of a MATH subject, from its `type` or its hub directory.
+fn subject_name(subset: &str) -> String {
+    match subset {
+        "Algebra" | "algebra" => "algebra".into(),
+        "Counting & Probability" | "counting_and_probability" => "counting_and_prob".into(),
+        "Geometry" | "geometry" => "geometry".into(),
+        "Intermediate Algebra" | "intermediate_algebra" => "intermediate_algebra".into(),
+        "Number Theory" | "number_theory" => "num_theory".into(),
+        "Prealgebra" | "prealgebra" => "prealgebra".into(),
+        "Precalculus" | "precalculus" => "precalc".into(),
+        other => other
+            .chars()
+            .map(|c| {
+                if c.is_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect(),
+    }
 }
 
 /// The last `\boxed{…}` (or `\fbox{…}`, or `\boxed x`) of a solution, braces balanced.

@@ -92,4 +92,10 @@ impl Task for Mmlu {
     fn score(&self, doc: &Doc, response: &Response) -> Result<Vec<f64>> {
         Ok(vec![choice_accuracy(response, Self::answer(doc)?)?])
     }
+    fn target(&self, doc: &Doc) -> Result<String> {
+        Ok(Self::answer(doc)?.to_string())
+    }
+    fn harness_name(&self, subset: &str) -> String {
+        format!("mmlu_{subset}")
+    }
 }

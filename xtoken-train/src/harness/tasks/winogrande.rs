@@ -85,4 +85,8 @@ impl Task for WinoGrande {
     fn score(&self, doc: &Doc, response: &Response) -> Result<Vec<f64>> {
         Ok(vec![choice_accuracy(response, Self::parse(doc)?.gold)?])
     }
+    /// The sentence after its blank, stripped: the continuation both choices are scored on.
+    fn target(&self, doc: &Doc) -> Result<String> {
+        Ok(Self::parse(doc)?.continuation)
+    }
 }

@@ -1,0 +1,258 @@
+//! The record of every scored document (`--log-samples`), in lm-evaluation-harness's
+//! `--log_samples` layout, so that a score can be debugged document by document and two runs,
+//! or a run and the harness, compared: a JSON Lines file `samples_<task>.jsonl` per task (per
+//! subject for MMLU and MATH, named as the harness names the subtask: `mmlu_anatomy`,
+//! `hendrycks_math_algebra`), a line per document, or per document and filter where a task has
+//! several (GSM8k's `strict-match` and `flexible-extract`), with the harness's fields:
+//!
+//! - `doc_id` (the document's place in its subset's scored split), `doc` (the document as read:
+//!   the harness's also holds the fields its task adds, such as HellaSwag's `query`), `target`
+//!   (the harness's `doc_to_target`, as a string);
+//! - `arguments`: `{"gen_args_<i>": {"arg_0": context, "arg_1": continuation or the
+//!   generation's settings}}`, a request each;
+//! - `resps` and `filtered_resps`: each continuation's log-likelihood and whether it is the
+//!   greedy one, or the generated text and the answer a filter takes from it, as the harness
+//!   writes them (Python's `str` of each value);
+//! - `filter`, `metrics` (their names), each metric's value, `prompt_hash` and `target_hash`
+//!   (SHA-256 of the first request's context and of the target). The harness's `doc_hash`
+//!   hashes its processed document, which differs from the one read here: it is left out.
+//!
+//! Keys are written in name order; `jq -S` puts the harness's lines in the same order.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use xtoken_core::temporary::Temporary;
+
+use super::task::{Item, LogLikelihood, Request, Response, Task};
+use crate::error::{Context, Result};
+
+/// The records of one task, or of one subject of it.
+#[derive(Clone, Debug)]
+pub struct SampleFile {
+    /// The harness's name of the (sub)task: the file is `samples_<name>.jsonl`.
+    pub name: String,
+    /// A JSON object per line.
+    pub records: Vec<Value>,
+}
+
+/// The records of one task's scored documents (`items`, with their `responses` and each
+/// metric's `scores`), a file per subset; `max_gen_toks` is the generations' limit.
+pub fn records(
+    task: &dyn Task,
+    items: &[Item],
+    responses: &[Response],
+    scores: &[Vec<f64>],
+    max_gen_toks: usize,
+) -> Result<Vec<SampleFile>> {
+    let mut files = Vec::new();
+    // `prompts` lays the subsets out one after another, in name order.
+    let mut start = 0;
+    while start < items.len() {
+        let subset = &items[start].subset;
+        let end = start
+            + items[start..]
+                .iter()
+                .take_while(|i| &i.subset == subset)
+                .count();
+        let mut records = Vec::with_capacity((end - start) * task.filters().len());
+        for filter in task.filters() {
+            for (doc_id, at) in (start..end).enumerate() {
+                let scored = Scored {
+                    doc_id,
+                    item: &items[at],
+                    response: &responses[at],
+                    scores: &scores[at],
+                };
+                records.push(record(task, &scored, filter, max_gen_toks)?);
+            }
+        }
+        files.push(SampleFile {
+            name: task.harness_name(subset),
+            records,
+        });
+        start = end;
+    }
+    Ok(files)
+}
+
+/// Writes each file into `dir` (created if need be), replacing an earlier record of the same
+/// task; returns the paths.
+pub fn write(dir: &Path, files: &[SampleFile]) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut written = Vec::with_capacity(files.len());
+    for file in files {
+        let path = dir.join(format!("samples_{}.jsonl", file.name));
+        let temporary = Temporary::beside(&path, "partial");
+        let mut text = String::new();
+        for record in &file.records {
+            text.push_str(&serde_json::to_string(record)?);
+            text.push('\n');
+        }
+        std::fs::File::create(temporary.path())
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .with_context(|| format!("writing {}", temporary.path().display()))?;
+        temporary
+            .persist(&path)
+            .with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// One scored document.
+struct Scored<'a> {
+    doc_id: usize,
+    item: &'a Item,
+    response: &'a Response,
+    scores: &'a [f64],
+}
+
+fn record(task: &dyn Task, scored: &Scored, filter: &str, max_gen_toks: usize) -> Result<Value> {
+    let target = task.target(&scored.item.doc)?;
+    let (resps, filtered) = responses(task, scored.response, filter);
+    let mut record = Map::new();
+    record.insert("doc_id".into(), json!(scored.doc_id));
+    record.insert("doc".into(), Value::Object(scored.item.doc.fields.clone()));
+    record.insert("target".into(), json!(target));
+    let (arguments, first_context) = arguments(&scored.item.request, max_gen_toks);
+    record.insert("arguments".into(), arguments);
+    record.insert("resps".into(), resps);
+    record.insert("filtered_resps".into(), filtered);
+    record.insert("filter".into(), json!(filter));
+    let mut names = Vec::new();
+    for (metric, value) in task.metrics().iter().zip(scored.scores) {
+        let (name, of) = metric.split_once(',').unwrap_or((metric, "none"));
+        if of == filter {
+            names.push(name);
+            record.insert(name.into(), json!(value));
+        }
+    }
+    record.insert("metrics".into(), json!(names));
+    record.insert("prompt_hash".into(), json!(sha256(first_context)));
+    record.insert("target_hash".into(), json!(sha256(&target)));
+    Ok(Value::Object(record))
+}
+
+/// The requests' arguments, and the first request's context (which `prompt_hash` hashes).
+fn arguments(request: &Request, max_gen_toks: usize) -> (Value, &str) {
+    let mut arguments = Map::new();
+    match request {
+        Request::Choice { pairs } => {
+            for (i, (context, continuation)) in pairs.iter().enumerate() {
+                arguments.insert(
+                    format!("gen_args_{i}"),
+                    json!({ "arg_0": context, "arg_1": continuation }),
+                );
+            }
+            let first = pairs.first().map_or("", |(context, _)| context.as_str());
+            (Value::Object(arguments), first)
+        }
+        Request::Generate { context, until } => {
+            // Greedy decoding, as the tasks' `generation_kwargs` ask.
+            let settings = json!({
+                "until": until,
+                "do_sample": false,
+                "temperature": 0.0,
+                "max_gen_toks": max_gen_toks,
+            });
+            arguments.insert(
+                "gen_args_0".into(),
+                json!({ "arg_0": context, "arg_1": settings }),
+            );
+            (Value::Object(arguments), context.as_str())
+        }
+    }
+}
+
+/// `resps` and `filtered_resps` of a response under `filter`.
+fn responses(task: &dyn Task, response: &Response, filter: &str) -> (Value, Value) {
+    match response {
+        Response::Choice(lls) => {
+            let pairs: Vec<Value> = lls.iter().map(loglikelihood).collect();
+            let nested: Vec<Value> = pairs.iter().map(|p| json!([p])).collect();
+            (json!(nested), json!(pairs))
+        }
+        Response::Text(text) => (json!([[text]]), json!([task.filtered(filter, text)])),
+    }
+}
+
+/// `(loglikelihood, is_greedy)` as the harness writes the pair: both as Python's `str`.
+fn loglikelihood(ll: &LogLikelihood) -> Value {
+    let greedy = if ll.greedy { "True" } else { "False" };
+    json!([python_str(ll.value), greedy])
+}
+
+fn sha256(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A float as Python's `str` writes it: the shortest digits that read back the same, positional
+/// for decimal exponents from -4 to 15 (a whole number with `.0`), else `1.5e-07`, `1e+16`.
+pub fn python_str(x: f64) -> String {
+    if x.is_nan() {
+        return "nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    let scientific = format!("{x:e}");
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    if (-4..16).contains(&exponent) {
+        let positional = format!("{x}");
+        if positional.contains('.') {
+            positional
+        } else {
+            format!("{positional}.0")
+        }
+    } else {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exponent.abs())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Python's `str` of each value, as printed by Python 3.11.
+    #[test]
+    fn floats_read_as_python_writes_them() {
+        let cases = [
+            (-7.554382801055908, "-7.554382801055908"),
+            (-160.0166473388672, "-160.0166473388672"),
+            (-2.0, "-2.0"),
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (0.0001, "0.0001"),
+            (1e-05, "1e-05"),
+            (-3.25e-07, "-3.25e-07"),
+            (123456789012345.0, "123456789012345.0"),
+            (1e16, "1e+16"),
+            (1.5e300, "1.5e+300"),
+            (f64::NEG_INFINITY, "-inf"),
+        ];
+        for (value, python) in cases {
+            assert_eq!(python_str(value), python, "{value:e}");
+        }
+    }
+
+    #[test]
+    fn hashes_are_sha256_hex() {
+        // hashlib.sha256("".encode()).hexdigest() and of "abc".
+        assert_eq!(
+            sha256(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            sha256("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}
