@@ -19,12 +19,11 @@
 //!
 //! Keys are written in name order; `jq -S` puts the harness's lines in the same order.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
-use xtoken_core::temporary::Temporary;
+use xtoken_models::checkpoint::write_atomically;
 
 use super::task::{Item, LogLikelihood, Request, Response, Task};
 use crate::error::{Context, Result};
@@ -85,18 +84,12 @@ pub fn write(dir: &Path, files: &[SampleFile]) -> Result<Vec<PathBuf>> {
     let mut written = Vec::with_capacity(files.len());
     for file in files {
         let path = dir.join(format!("samples_{}.jsonl", file.name));
-        let temporary = Temporary::beside(&path, "partial");
         let mut text = String::new();
         for record in &file.records {
             text.push_str(&serde_json::to_string(record)?);
             text.push('\n');
         }
-        std::fs::File::create(temporary.path())
-            .and_then(|mut f| f.write_all(text.as_bytes()))
-            .with_context(|| format!("writing {}", temporary.path().display()))?;
-        temporary
-            .persist(&path)
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_atomically(&path, &text)?;
         written.push(path);
     }
     Ok(written)
