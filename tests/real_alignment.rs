@@ -15,6 +15,7 @@ use xtoken::core::plan::{BatchPlan, ChunkPlan, MergeVariant, PlanItem};
 use xtoken::core::vocab::{TokenKind, Vocabulary};
 use xtoken::train::config::DataFormat;
 use xtoken::train::data::pipeline::{align_file, FileJob, Pipeline};
+use xtoken::train::data::written::written;
 
 struct Vocabs {
     llama3: Vocabulary,
@@ -584,6 +585,79 @@ proptest! {
                 check_invariants(al, &a, &student, &teacher, teacher_vocab);
                 prop_assert!(!a.band_edge_reached);
             }
+        }
+    }
+}
+
+/// What a student might write after a prompt: text (special-token spellings included), any ids
+/// of its vocabulary (special tokens, which end a continuation, among them), and single bytes,
+/// which leave a character unfinished or are no UTF-8 at all.
+fn any_continuation() -> impl Strategy<Value = Vec<u32>> {
+    let size = vocabs().llama3.tokenizer_size() as u32;
+    let text = any_text().prop_map(|t| {
+        let mut ids = vocabs().llama3.encode_pieces(&[&t]).unwrap();
+        ids.remove(0)
+    });
+    let bytes = prop::collection::vec(any::<u8>(), 1..4).prop_map(|bytes| {
+        let v = &vocabs().llama3;
+        bytes.iter().map(|&b| byte_token(v, &[b])).collect()
+    });
+    let piece = prop_oneof![
+        3 => text,
+        1 => prop::collection::vec(0..size, 1..6),
+        2 => bytes,
+    ];
+    prop::collection::vec(piece, 0..6).prop_map(|pieces| pieces.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(xtoken_tokenizers) { 64 } else { 1 }))]
+
+    /// On-policy rows: a prompt cut anywhere (inside a character too) and whatever the student
+    /// wrote after it become a row whose ids are a prefix of the two, cut at the first special
+    /// token and back to whole characters; the text the teachers read is what those ids spell,
+    /// every teacher's ids encode it, the alignments keep the invariants, and the chunks kept
+    /// for the loss start in the continuation.
+    #[test]
+    #[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+    fn written_text_keeps_the_invariants(
+        prompt_text in any_text(),
+        cut in 1usize..40,
+        continuation in any_continuation(),
+    ) {
+        let p = pipeline();
+        let v = &vocabs().llama3;
+        let full = v.encode(&prompt_text).unwrap();
+        let prompt = &full[..cut.min(full.len())];
+        let w = written(p, &mut Workspace::default(), prompt, &continuation).unwrap();
+        let ids = &w.row.student_ids;
+        let stop = continuation.iter().position(|&id| !is_text(id)).unwrap_or(continuation.len());
+        let wanted: Vec<u32> = prompt.iter().chain(&continuation[..stop]).copied().collect();
+        prop_assert!(wanted.starts_with(ids));
+        prop_assert_eq!(w.prompt_len, prompt.len().min(ids.len()));
+        prop_assert_eq!(w.generated, ids.len() - w.prompt_len);
+        let spelled: Vec<u8> = ids
+            .iter()
+            .filter(|&&id| is_text(id))
+            .flat_map(|&id| v.token(id).unwrap().bytes.to_vec())
+            .collect();
+        prop_assert_eq!(spelled.as_slice(), w.text.as_bytes());
+        // Nothing whole was cut: the next token would leave the text unfinished (or stop).
+        if ids.len() < wanted.len() {
+            let mut longer = spelled.clone();
+            longer.extend_from_slice(&v.token(wanted[ids.len()]).unwrap().bytes);
+            prop_assert!(std::str::from_utf8(&longer).is_err());
+        }
+        for (((teacher_ids, alignment), aligner), vocab) in
+            w.row.teachers.iter().zip(&p.aligners).zip(&p.teachers)
+        {
+            prop_assert_eq!(teacher_ids, &vocab.encode(&w.text).unwrap());
+            check_invariants(aligner, alignment, ids, teacher_ids, vocab);
+        }
+        let prompt_len = w.prompt_len as u32;
+        let trained = w.trained();
+        for (_, alignment) in &trained.teachers {
+            prop_assert!(alignment.chunks.iter().all(|c| c.student.start >= prompt_len));
         }
     }
 }

@@ -1,16 +1,18 @@
-//! Greedy decoding of a batch of prompts, with the key/value cache or (to check it, and to
-//! measure what it saves) by recomputing every position at every step.
+//! Decoding a batch of prompts, greedily or by sampling ([`Sampling`]), with the key/value
+//! cache or (to check it, and to measure what it saves) by recomputing every position at every
+//! step.
 
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 use xtoken_kernels::XTokenBackend;
 
 use crate::cache::KvCache;
 use crate::error::{ModelError, Result};
-use crate::model::Transformer;
+use crate::model::{host_values, Transformer};
+use crate::sampling::Sampling;
 
-/// How a batch is decoded.
+/// How far a batch is decoded, and how.
 #[derive(Clone, Copy, Debug)]
-pub struct Greedy {
+pub struct Decoding {
     /// Tokens generated per prompt at most.
     pub max_new_tokens: usize,
     /// Decode through a [`KvCache`] (one position per step) instead of recomputing the whole
@@ -26,7 +28,50 @@ impl<B: XTokenBackend> Transformer<B> {
     pub fn generate_greedy(
         &self,
         prompts: &[Vec<u32>],
-        settings: Greedy,
+        settings: Decoding,
+        stop: impl FnMut(usize, &[u32]) -> bool,
+    ) -> Result<Vec<Vec<u32>>> {
+        self.decode(
+            prompts,
+            settings,
+            |model, hidden| model.argmax_rows(hidden),
+            stop,
+        )
+    }
+
+    /// Continues each prompt by drawing every token from the model's distribution under
+    /// `sampling`, row `r`'s draws taking their uniform numbers from `uniform(r)` (a seeded
+    /// generator per row makes each row's text reproducible, whatever else shares the batch);
+    /// stops as [`generate_greedy`](Self::generate_greedy) does. Each step's tempered softmax
+    /// (in f32) runs on the device, and its rows are read to the host for the draws.
+    pub fn generate_sampled(
+        &self,
+        prompts: &[Vec<u32>],
+        settings: Decoding,
+        sampling: Sampling,
+        mut uniform: impl FnMut(usize) -> f64,
+        stop: impl FnMut(usize, &[u32]) -> bool,
+    ) -> Result<Vec<Vec<u32>>> {
+        sampling.validate()?;
+        let pick = |model: &Self, hidden: Tensor<B, 3>| {
+            let rows = model.last_distribution(hidden, sampling)?;
+            let width = rows.len() / prompts.len().max(1);
+            rows.chunks(width.max(1))
+                .enumerate()
+                .map(|(row, values)| sampling.draw(values, uniform(row)))
+                .collect()
+        };
+        self.decode(prompts, settings, pick, stop)
+    }
+
+    /// The decoding loop: `pick` turns the last positions' hidden states `[rows, 1, hidden]`
+    /// into each row's next token. A finished row is still fed (its pick is dropped), so the
+    /// batch keeps its shape.
+    fn decode(
+        &self,
+        prompts: &[Vec<u32>],
+        settings: Decoding,
+        mut pick: impl FnMut(&Self, Tensor<B, 3>) -> Result<Vec<u32>>,
         mut stop: impl FnMut(usize, &[u32]) -> bool,
     ) -> Result<Vec<Vec<u32>>> {
         if prompts.iter().any(Vec::is_empty) {
@@ -45,11 +90,12 @@ impl<B: XTokenBackend> Transformer<B> {
             if rows == 0 || done.iter().all(|&d| d) {
                 break;
             }
-            let next = if settings.use_cache {
-                self.next_cached(prompts, &generated, &mut cache, &device)?
+            let hidden = if settings.use_cache {
+                self.last_cached(prompts, &generated, &mut cache, &device)?
             } else {
-                self.next_recomputed(prompts, &generated, &device)?
+                self.last_recomputed(prompts, &generated, &device)?
             };
+            let next = pick(self, hidden)?;
             for (row, token) in next.into_iter().enumerate() {
                 if done[row] {
                     continue;
@@ -61,15 +107,15 @@ impl<B: XTokenBackend> Transformer<B> {
         Ok(generated)
     }
 
-    /// The next token of every row through the cache: the left-padded prompts first, then the
-    /// last token of each row.
-    fn next_cached(
+    /// The hidden state of every row's last position through the cache: the left-padded
+    /// prompts first, then the last token of each row.
+    fn last_cached(
         &self,
         prompts: &[Vec<u32>],
         generated: &[Vec<u32>],
         cache: &mut Option<KvCache<B>>,
         device: &B::Device,
-    ) -> Result<Vec<u32>> {
+    ) -> Result<Tensor<B, 3>> {
         let rows = prompts.len();
         let (ids, fed) = match cache {
             None => {
@@ -95,18 +141,17 @@ impl<B: XTokenBackend> Transformer<B> {
         };
         let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [rows, fed]), device);
         let cache = cache.as_mut().expect("set above");
-        let hidden = self.forward_cached(ids, cache)?.narrow(1, fed - 1, 1);
-        self.argmax_rows(hidden)
+        Ok(self.forward_cached(ids, cache)?.narrow(1, fed - 1, 1))
     }
 
-    /// The next token of every row from a full pass over prompt and generated tokens,
-    /// right-padded.
-    fn next_recomputed(
+    /// The hidden state of every row's last position from a full pass over prompt and generated
+    /// tokens, right-padded.
+    fn last_recomputed(
         &self,
         prompts: &[Vec<u32>],
         generated: &[Vec<u32>],
         device: &B::Device,
-    ) -> Result<Vec<u32>> {
+    ) -> Result<Tensor<B, 3>> {
         let rows = prompts.len();
         let lens: Vec<usize> = prompts
             .iter()
@@ -135,23 +180,34 @@ impl<B: XTokenBackend> Transformer<B> {
             .collect();
         let last = Tensor::<B, 1, Int>::from_data(TensorData::new(last, [rows]), device);
         let hidden = hidden.reshape([rows * width, size]).select(0, last);
-        self.argmax_rows(hidden.reshape([rows, 1, size]))
+        Ok(hidden.reshape([rows, 1, size]))
     }
 
     /// The likeliest token after each row's hidden state `[rows, 1, hidden]`.
     fn argmax_rows(&self, hidden: Tensor<B, 3>) -> Result<Vec<u32>> {
         let [rows, _, size] = hidden.dims();
         let logits = self.logits_of_rows(hidden.reshape([rows, size]));
-        let tokens = logits
-            .argmax(1)
-            .into_data()
-            .convert::<i64>()
-            .into_vec::<i64>()
-            .map_err(|e| ModelError::Shape {
-                what: "next tokens",
-                expected: "integer values".into(),
-                found: format!("{e:?}"),
-            })?;
+        let tokens = host_values::<i64>(logits.argmax(1).into_data(), "next tokens", "integers")?;
         Ok(tokens.into_iter().map(|t| t as u32).collect())
+    }
+
+    /// What [`Sampling::draw`] reads after each row's hidden state `[rows, 1, hidden]`, as f32,
+    /// row-major: the logits for a greedy draw, else `softmax(logits / temperature)`.
+    fn last_distribution(&self, hidden: Tensor<B, 3>, sampling: Sampling) -> Result<Vec<f32>> {
+        use burn::tensor::activation::softmax;
+        use burn::tensor::FloatDType;
+        let [rows, _, size] = hidden.dims();
+        let logits = self
+            .logits_of_rows(hidden.reshape([rows, size]))
+            .cast(FloatDType::F32);
+        let values = match sampling.greedy() {
+            true => logits,
+            false => softmax(logits / sampling.temperature, 1),
+        };
+        host_values::<f32>(
+            values.into_data(),
+            "next-token distribution",
+            "float values",
+        )
     }
 }

@@ -26,6 +26,7 @@ pub mod phi3;
 pub mod qwen3;
 mod recompute;
 pub mod rope;
+pub mod sampling;
 mod tokens;
 
 use burn::tensor::backend::Backend;
@@ -36,11 +37,12 @@ pub use cache::KvCache;
 pub use checkpoint::SaveDtype;
 pub use config::{Architecture, Family, HfConfig};
 pub use error::{ModelError, Result};
-pub use generate::Greedy;
+pub use generate::Decoding;
 pub use hub::LoadOptions;
 pub use masking::{AttentionKernel, Masking};
 pub use model::Transformer;
 pub use recompute::Backward;
+pub use sampling::Sampling;
 pub use tokens::Tokens;
 
 /// A causal language model: token ids in, next-token logits out. The hidden states are exposed

@@ -602,6 +602,21 @@ pub(crate) struct Context<B: Backend> {
     pub masking: Masking<B>,
 }
 
+/// A tensor's values read to the host as `E`; `what` and `expected` name them in the error.
+pub(crate) fn host_values<E: burn::tensor::Element>(
+    data: burn::tensor::TensorData,
+    what: &'static str,
+    expected: &str,
+) -> Result<Vec<E>> {
+    data.convert::<E>()
+        .into_vec::<E>()
+        .map_err(|e| ModelError::Shape {
+            what,
+            expected: expected.into(),
+            found: format!("{e:?}"),
+        })
+}
+
 /// Every id is in the vocabulary (an out-of-range id would index past the embedding); one small
 /// host read (B·T ids) both checks and, on failure, locates the bad id.
 pub(crate) fn check_ids<B: Backend>(
@@ -610,16 +625,7 @@ pub(crate) fn check_ids<B: Backend>(
 ) -> Result<()> {
     let len = ids.dims()[1];
     let vocab = architecture.vocab_size;
-    let values = ids
-        .clone()
-        .into_data()
-        .convert::<i64>()
-        .into_vec::<i64>()
-        .map_err(|e| ModelError::Shape {
-            what: "input ids",
-            expected: "integer values".into(),
-            found: format!("{e:?}"),
-        })?;
+    let values = host_values::<i64>(ids.clone().into_data(), "input ids", "integer values")?;
     if let Some(at) = values.iter().position(|&id| id < 0 || id >= vocab as i64) {
         return Err(ModelError::TokenId {
             sequence: at / len,

@@ -34,6 +34,7 @@ fn every_shipped_config_is_valid() {
         [
             "demo-cpu.toml",
             "llama1b-phi4-hkl.toml",
+            "llama1b-qwen3-on-policy.toml",
             "llama1b-qwen3-pkl.toml",
             "llama1b-two-teachers.toml"
         ]
@@ -83,5 +84,27 @@ fn the_cpu_config_runs_on_what_the_demo_leaves() {
     assert_eq!(
         teacher.model,
         Path::new("xtoken-demo/runs/digit-splitting/teacher/student")
+    );
+}
+
+/// The on-policy phase continues the P-KL run's student from the same teacher, half of every
+/// batch written by the student, and each written sequence fits a row.
+#[test]
+fn the_on_policy_phase_continues_the_pkl_run() {
+    let config = load("llama1b-qwen3-on-policy.toml");
+    let first = load("llama1b-qwen3-pkl.toml");
+    assert_eq!(
+        config.student.model,
+        first.output_dir.join("student"),
+        "the student the first phase exports"
+    );
+    assert_eq!(config.teachers[0].model, first.teachers[0].model);
+    assert_eq!(losses(&config), [Some(LossKind::Pkl)]);
+    let on = config.on_policy.as_ref().unwrap();
+    assert_eq!(on.fraction, 0.5);
+    assert!(on.prompt_tokens + on.max_new_tokens <= config.training.context_length);
+    assert_eq!(
+        config.device.parse::<DeviceKind>().unwrap(),
+        DeviceKind::Cuda
     );
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use burn::backend::NdArray;
 use burn::tensor::DType;
 use serde_json::Value;
-use xtoken_models::{Greedy, Transformer};
+use xtoken_models::{Decoding, Transformer};
 use xtoken_train::harness::docs::Doc;
 use xtoken_train::harness::model::{token_loglikelihoods, Loaded, Scorable};
 use xtoken_train::harness::task::{prompts, Item, PromptSettings, Request, Response, Task};
@@ -292,7 +292,7 @@ fn parity_checkpoints_score_and_generate_as_hf() {
         let generations = expected["generations"].as_array().unwrap();
         let prompts: Vec<Vec<u32>> = generations.iter().map(|g| ids(&g["prompt"])).collect();
         for use_cache in [true, false] {
-            let settings = Greedy {
+            let settings = Decoding {
                 max_new_tokens: 6,
                 use_cache,
             };
@@ -317,7 +317,7 @@ fn kv_cache_generation_equals_recomputation() {
     for case in ["llama3", "qwen3", "phi3"] {
         let model = parity(case);
         let prompts = vec![vec![3, 17, 5, 9, 2, 11, 4], vec![8], vec![1, 2, 3]];
-        let cached = Greedy {
+        let cached = Decoding {
             max_new_tokens: 12,
             use_cache: true,
         };
@@ -325,7 +325,7 @@ fn kv_cache_generation_equals_recomputation() {
             .generate_greedy(&prompts, cached, |_, _| false)
             .unwrap();
         for (prompt, tokens) in prompts.iter().zip(&batched) {
-            let alone = Greedy {
+            let alone = Decoding {
                 use_cache: false,
                 ..cached
             };
@@ -342,6 +342,58 @@ fn kv_cache_generation_equals_recomputation() {
             .unwrap();
         assert_eq!(stopped[1], batched[1][..2]);
         assert_eq!(stopped[0], batched[0]);
+    }
+}
+
+/// Sampled decoding draws each row's tokens from that row's own seeded generator: batched
+/// through the cache it gives every row what it gets alone by recomputation, token for token;
+/// another seed writes another text; temperature 0 is greedy decoding.
+#[test]
+fn sampled_generation_is_seeded_per_row() {
+    use xtoken_models::Sampling;
+    use xtoken_train::data::rng::{unit, SplitMix64};
+    let sample = |model: &Transformer<NdArray>, prompts: &[Vec<u32>], seeds: &[u64], cache, t| {
+        let mut generators: Vec<SplitMix64> = seeds.iter().map(|&s| SplitMix64(s)).collect();
+        let settings = Decoding {
+            max_new_tokens: 12,
+            use_cache: cache,
+        };
+        let sampling = Sampling {
+            temperature: t,
+            top_p: 0.95,
+            vocab: model.architecture.vocab_size,
+        };
+        let uniform = |row: usize| unit(generators[row].next_u64());
+        model
+            .generate_sampled(prompts, settings, sampling, uniform, |_, _| false)
+            .unwrap()
+    };
+    for case in ["llama3", "qwen3", "phi3"] {
+        let model = parity(case);
+        let prompts = vec![vec![3, 17, 5, 9, 2, 11, 4], vec![8], vec![1, 2, 3]];
+        let seeds = [11, 12, 13];
+        let batched = sample(&model, &prompts, &seeds, true, 1.0);
+        for ((prompt, &seed), tokens) in prompts.iter().zip(&seeds).zip(&batched) {
+            let alone = sample(&model, std::slice::from_ref(prompt), &[seed], false, 1.0);
+            assert_eq!(tokens, &alone[0], "{case}: {prompt:?}");
+        }
+        let reseeded = sample(&model, &prompts, &[21, 22, 23], true, 1.0);
+        assert_ne!(batched, reseeded, "{case}");
+        let greedy = model
+            .generate_greedy(
+                &prompts,
+                Decoding {
+                    max_new_tokens: 12,
+                    use_cache: true,
+                },
+                |_, _| false,
+            )
+            .unwrap();
+        assert_eq!(
+            sample(&model, &prompts, &seeds, true, 0.0),
+            greedy,
+            "{case}"
+        );
     }
 }
 

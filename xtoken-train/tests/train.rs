@@ -53,30 +53,7 @@ fn trains_two_teachers_resumes_exactly_and_saves_the_student() {
     assert!(run.join("projections/digits.W.safetensors").exists());
 
     // The same run, stopped after step 3, killed while saving step 4, then resumed.
-    let interrupted = config(&f, "interrupted", "");
-    ok(train(&interrupted, &["--stop-after", "3"]));
-    let run2 = f.dir.0.join("interrupted");
-    let partial = run2.join("checkpoints/step-00000004.tmp-12345");
-    std::fs::create_dir_all(&partial).unwrap();
-    std::fs::write(partial.join("student.bin"), b"half a file").unwrap();
-    let log = ok(train(&interrupted, &["--resume"]));
-    assert!(
-        log.contains("resuming from") && log.contains("step 3"),
-        "{log}"
-    );
-    assert!(!partial.exists());
-    let resumed = std::fs::read_to_string(run2.join("metrics.csv")).unwrap();
-    let columns = |text: &str| -> Vec<Vec<String>> {
-        text.lines()
-            .map(|l| l.split(',').take(9).map(String::from).collect())
-            .collect()
-    };
-    assert_eq!(columns(&resumed), columns(&metrics));
-    assert_eq!(
-        std::fs::read(student.join("model.safetensors")).unwrap(),
-        std::fs::read(run2.join("student/model.safetensors")).unwrap(),
-        "the resumed run must end with the very same weights"
-    );
+    resumes_exactly(&f, "straight", "interrupted", "");
 
     // A finished run refuses to start over in the same directory.
     let out = train(&straight, &[]);

@@ -15,7 +15,8 @@ use xtoken_core::plan::MergeVariant;
 use xtoken_train::config::{DataConfig, DataPaths};
 use xtoken_train::data::rng::SplitMix64;
 use xtoken_train::data::{
-    sources, AlignedStream, BatchShape, DocumentStream, Feed, Loader, LoaderState, Packer, Pipeline,
+    sources, AlignedStream, BatchShape, DocumentStream, Feed, Loader, LoaderState, Packer,
+    Pipeline, StepPlan,
 };
 use xtoken_train::machine;
 
@@ -187,7 +188,8 @@ fn measure(
         rank: 0,
         length_multiple: 1,
     };
-    let mut loader = Loader::start(packer, shape, MergeVariant::FirstToken, data.prefetch)?;
+    let plan = StepPlan::default();
+    let mut loader = Loader::start(packer, shape, MergeVariant::FirstToken, data.prefetch, plan)?;
     let first = loader.next_step()?;
     let first_batch = started.elapsed().as_secs_f64();
     let draws = |s: &LoaderState| s.stream.as_ref().map_or(0, |c| c.draws);

@@ -11,7 +11,7 @@ use burn::backend::NdArray;
 use clap::Args;
 use tokenizers::Tokenizer;
 use xtoken_kernels::XTokenBackend;
-use xtoken_models::{Greedy, Transformer};
+use xtoken_models::{Decoding, Transformer};
 use xtoken_train::harness::model::{read_tokenizer, Scorable, SpecialTokens};
 use xtoken_train::harness::task::{prompts, PromptSettings, Request};
 use xtoken_train::harness::{answer, task_dir, tasks};
@@ -210,7 +210,7 @@ fn generation<B: XTokenBackend>(
         ("recomputing every position (anchor)", false),
         ("KV cache", true),
     ] {
-        let settings = Greedy {
+        let settings = Decoding {
             max_new_tokens: args.new_tokens,
             use_cache,
         };

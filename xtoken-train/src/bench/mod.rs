@@ -12,6 +12,7 @@ pub mod exchange;
 pub mod forward;
 pub mod kernels;
 pub mod loss;
+pub mod on_policy;
 pub mod projection;
 pub mod train;
 
@@ -43,6 +44,9 @@ pub enum BenchCommand {
     /// `xtoken train`'s whole step (loader, teacher top-K, student forward + backward, losses,
     /// AdamW) on random models with real tokenizer vocabularies: s/step, tokens/s, peak memory.
     Train(train::TrainBenchArgs),
+    /// On-policy against off-policy distillation in `xtoken demo`'s world (after the demo):
+    /// the teacher's grade of the student's own answers as each λ trains.
+    OnPolicy(on_policy::OnPolicyBenchArgs),
     /// One all-reduce of a flat f32 tensor between processes (as `xtoken train` sums a step's
     /// gradients across processes), against the same between threads and a memory pass
     /// (feature `collective`; under torchrun or srun: between the machines they started).
@@ -61,6 +65,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Forward(args) => forward::run(args),
         BenchCommand::Kernels(args) => kernels::run(args),
         BenchCommand::Train(args) => train::run(args),
+        BenchCommand::OnPolicy(args) => on_policy::run(args),
         #[cfg(feature = "collective")]
         BenchCommand::Exchange(args) => exchange::run(args),
     }

@@ -116,6 +116,17 @@ pub struct TrainBenchArgs {
     /// Writes the results (and the profile) as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// On-policy distillation: this fraction λ of the sequences is written by the student
+    /// before the step (`[on_policy] fraction`); the table then adds the writing's tokens/s
+    /// and its share of the step.
+    #[arg(long)]
+    on_policy: Option<f64>,
+    /// With `--on-policy`: prompt tokens (each document's first).
+    #[arg(long, default_value_t = 64)]
+    prompt_tokens: usize,
+    /// With `--on-policy`: tokens the student writes per sequence at most.
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: usize,
 }
 
 /// A varied synthetic corpus: prose with numerals, dates, amounts and code-like lines.
@@ -288,6 +299,9 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
         rows.push((variant, timed));
     }
     print_table(&args, &rows);
+    if let Some(fraction) = args.on_policy {
+        print_writing(fraction, &rows);
+    }
     if args.profile {
         for (variant, timed) in &rows {
             println!("\n{}", profile_table(variant, timed));
@@ -323,6 +337,13 @@ fn config_text(
         work.join("teacher"),
         work.join("corpus.jsonl"),
     );
+    let on_policy = match args.on_policy {
+        Some(fraction) => format!(
+            "[on_policy]\nfraction = {fraction}\nprompt_tokens = {}\nmax_new_tokens = {}\n",
+            args.prompt_tokens, args.max_new_tokens
+        ),
+        None => String::new(),
+    };
     format!(
         r#"
 output_dir = {out:?}
@@ -345,7 +366,7 @@ compute_dtype = {compute:?}
 [loss]
 top_k = {top_k}
 scaling_scope = {scope:?}
-"#,
+{on_policy}"#,
         out = run_dir.display().to_string(),
         device = args.device,
         student = student.display().to_string(),
@@ -427,6 +448,33 @@ fn print_table(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) {
     }
 }
 
+/// The student's writing against the step, per timed run (`--on-policy`).
+fn print_writing(fraction: f64, rows: &[(Variant, Timed)]) {
+    println!(
+        "\nOn-policy, λ = {fraction}: the student writes its sequences before each step (key/value cache, sampling, then every teacher tokenizes and aligns the text).\n"
+    );
+    println!("| scaling scope | compute | sequences written per step | tokens written per sequence | writing, tokens/s | writing, s/step | share of the step |");
+    println!("|---|---|---|---|---|---|---|");
+    for (variant, timed) in rows {
+        let (seconds, tokens, sequences) = timed
+            .writing
+            .iter()
+            .fold((0.0, 0.0, 0.0), |a, w| (a.0 + w.0, a.1 + w.1, a.2 + w.2));
+        let steps = timed.writing.len().max(1) as f64;
+        let step: f64 = timed.seconds.iter().sum();
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {:.0} | {:.3} | {:.1} % |",
+            variant.scope,
+            variant.compute,
+            sequences / steps,
+            tokens / sequences.max(1.0),
+            tokens / seconds.max(1e-9),
+            seconds / steps,
+            100.0 * seconds / step.max(1e-12)
+        );
+    }
+}
+
 impl TrainBenchArgs {
     /// Every scaling scope with every compute dtype.
     fn variants(&self) -> Vec<Variant> {
@@ -462,6 +510,9 @@ struct Timed {
     /// Every step's loss, the warm-up step's first: two builds or dtypes train alike when these
     /// agree.
     losses: Vec<f64>,
+    /// Per timed step with `--on-policy`: the seconds the student spent writing, the tokens it
+    /// wrote, and the sequences it wrote.
+    writing: Vec<(f64, f64, f64)>,
 }
 
 /// A run's steps on the backend its configuration names, one warm-up step first; no
@@ -487,6 +538,7 @@ impl OnBackend for Steps {
             skip_memory_check: true,
             ..RunOptions::default()
         };
+        let rows = self.config.training.batch_size as f64;
         let mut run = Run::<B>::open(self.config, &options, device.clone(), Worker::alone())?;
         let estimate_bytes = run.memory_estimate().total();
         if self.profile {
@@ -507,11 +559,18 @@ impl OnBackend for Steps {
             first_seconds,
             profiles: Vec::new(),
             losses: vec![first.loss],
+            writing: Vec::new(),
         };
         while !run.done() {
             let (start, before) = (Instant::now(), run.state().tokens);
             let step = run.step()?;
             timed.losses.push(step.loss);
+            if let Some(on) = step.on_policy {
+                let sequences = on.share * rows;
+                timed
+                    .writing
+                    .push((on.seconds, on.generated * sequences, sequences));
+            }
             timed.seconds.push(start.elapsed().as_secs_f64());
             timed.tokens.push(run.state().tokens - before);
         }
@@ -649,6 +708,9 @@ fn report(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) -> serde_json::Value
                 "mean_step_seconds": mean_of(&timed.seconds),
                 "student_tokens": timed.tokens,
                 "losses": timed.losses,
+                "writing": timed.writing.iter().map(|w| serde_json::json!({
+                    "seconds": w.0, "tokens": w.1, "sequences": w.2,
+                })).collect::<Vec<_>>(),
                 "peak_memory_bytes": timed.peak_bytes,
                 "estimated_memory_bytes": timed.estimate_bytes,
             });
@@ -672,6 +734,7 @@ fn report(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) -> serde_json::Value
         "grad_accum": args.grad_accum.max(1),
         "top_k": args.top_k,
         "teacher_dtype": args.teacher_dtype,
+        "on_policy": args.on_policy,
         "runs": runs,
     })
 }

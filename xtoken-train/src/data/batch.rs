@@ -5,6 +5,7 @@ use xtoken_core::plan::{BatchPlan, ChunkPlan, MergeVariant, PlanItem};
 
 use super::packer::LoaderState;
 use super::pipeline::AlignedText;
+use super::prompts::PromptBatch;
 use crate::error::Result;
 
 /// One forward/backward pass's inputs, laid out for the models and the losses.
@@ -21,6 +22,11 @@ pub struct MicroBatch {
     pub teachers: Vec<TeacherBatch>,
     /// Real (unpadded) student tokens.
     pub tokens: usize,
+    /// Whether the student wrote these rows (on-policy): no position has a cross-entropy label,
+    /// and the chunks lie in the generated spans.
+    pub on_policy: bool,
+    /// The tokens the student wrote in these rows (0 off-policy).
+    pub generated: usize,
 }
 
 /// One teacher's side of a micro-batch.
@@ -38,8 +44,14 @@ pub struct TeacherBatch {
 
 /// The micro-batches of one optimizer step on this worker, and the loader state after it.
 pub struct StepBatch {
-    /// The micro-batches, in order.
+    /// The micro-batches, in order (with `[on_policy]`: the off-policy ones).
     pub micro: Vec<MicroBatch>,
+    /// The on-policy micro-batches' prompts, which the student continues before the step.
+    pub prompts: Vec<PromptBatch>,
+    /// On-policy sequences in the step's global batch (over all workers).
+    pub on_policy_rows: usize,
+    /// Sequences in the step's global batch.
+    pub rows: usize,
     /// Where the loader stands after this step (what a checkpoint records).
     pub state_after: LoaderState,
 }
@@ -103,5 +115,7 @@ pub fn micro_batch(
         student_padding,
         teachers: out,
         tokens: student.iter().map(|r| r.len()).sum(),
+        on_policy: false,
+        generated: 0,
     })
 }

@@ -6,6 +6,7 @@ use xtoken_core::plan::MergeVariant;
 use super::background::Background;
 use super::batch::{micro_batch, StepBatch};
 use super::packer::Packer;
+use super::prompts::{OnPolicyDraw, Prompt, PromptBatch};
 use crate::error::Result;
 
 /// How the loader splits each global batch.
@@ -28,28 +29,67 @@ pub struct Loader {
     steps: Background<StepBatch>,
 }
 
+/// Which steps a loader makes, and how it draws their on-policy sequences.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepPlan {
+    /// Steps done before the loader's first (a resumed run's step).
+    pub done: u64,
+    /// The on-policy draw (`None`: every sequence is a packed row).
+    pub on_policy: Option<OnPolicyDraw>,
+}
+
 impl Loader {
-    /// Starts from where `packer` stands.
+    /// Starts from where `packer` stands. Each sequence of a step's global batch is a packed
+    /// row or, as `plan`'s draw says, an on-policy prompt; this worker's rows are laid out as
+    /// micro-batches of their kind, so that each micro-batch is wholly one or the other.
     pub fn start(
         mut packer: Packer,
         shape: BatchShape,
         variant: MergeVariant,
         prefetch: usize,
+        plan: StepPlan,
     ) -> Result<Self> {
+        let mut step = plan.done;
         let next = move || -> Result<StepBatch> {
+            step += 1;
             let mut mine = Vec::with_capacity(shape.global / shape.workers);
+            let mut prompts = Vec::new();
+            let mut on_policy_rows = 0;
             for i in 0..shape.global {
-                let row = packer.next_row()?;
-                if i % shape.workers == shape.rank {
-                    mine.push(row);
+                let draw = plan.on_policy.filter(|d| d.on_policy(step, i));
+                let own = i % shape.workers == shape.rank;
+                match draw {
+                    Some(draw) => {
+                        on_policy_rows += 1;
+                        let ids = packer.next_prompt(draw.source)?;
+                        if own {
+                            let seed = draw.sampling_seed(step, i);
+                            prompts.push(Prompt { ids, seed });
+                        }
+                    }
+                    None => {
+                        let row = packer.next_row()?;
+                        if own {
+                            mine.push(row);
+                        }
+                    }
                 }
             }
             let micro = mine
                 .chunks(shape.micro)
                 .map(|rows| micro_batch(rows, variant, shape.length_multiple))
                 .collect::<Result<Vec<_>>>()?;
+            let prompts = prompts
+                .chunks(shape.micro)
+                .map(|p| PromptBatch {
+                    prompts: p.to_vec(),
+                })
+                .collect();
             Ok(StepBatch {
                 micro,
+                prompts,
+                on_policy_rows,
+                rows: shape.global,
                 state_after: packer.state()?,
             })
         };

@@ -11,7 +11,10 @@
 //!    single file that later runs reuse (`data.cache`, or `xtoken align`);
 //! 5. [`packer`]: documents packed into rows of `context_length` student tokens;
 //! 6. [`batch`]: rows laid out as a [`MicroBatch`] with one [`BatchPlan`] per teacher;
-//! 7. [`loader`]: whole steps assembled on a background thread ahead of the training loop.
+//! 7. [`loader`]: whole steps assembled on a background thread ahead of the training loop;
+//!    with `[on_policy]`, a seeded draw per sequence ([`prompts`]) makes it a prompt that the
+//!    student will continue instead of a packed row, and what it writes is aligned like a
+//!    document ([`mod@written`]).
 //!
 //! **Packing.** Documents follow each other in a row, as in Hugging Face's concatenate-and-chunk
 //! packing; a document that does not fit the rest of a row is cut, and its remainder starts the
@@ -39,20 +42,24 @@ pub mod fingerprint;
 pub mod loader;
 pub mod packer;
 pub mod pipeline;
+pub mod prompts;
 pub mod reader;
 pub mod rng;
 pub mod sources;
 pub mod stream;
 #[cfg(test)]
 mod tests;
+pub mod written;
 
 pub use batch::{micro_batch, MicroBatch, StepBatch, TeacherBatch};
-pub use loader::{BatchShape, Loader};
+pub use loader::{BatchShape, Loader, StepPlan};
 pub use packer::{Feed, LoaderState, Packer};
 pub use pipeline::{
     align_file, load_tokenizers, open_or_build_cache, AlignedText, FileJob, FileStats, Pipeline,
     Tally,
 };
-pub use reader::{DocumentReader, RawDoc, TextExtractor};
+pub use prompts::{OnPolicyDraw, Prompt, PromptBatch, PromptSource};
+pub use reader::{DocumentReader, Fields, RawDoc, TextExtractor};
 pub use sources::{Shard, Source};
-pub use stream::{AlignedStream, DocumentStream, StreamCursor};
+pub use stream::{AlignedStream, DocumentStream, StreamCursor, StreamedDoc};
+pub use written::{on_policy_batch, written, Written};

@@ -5,12 +5,13 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use xtoken_core::align::{Alignment, Chunk, ChunkKind, Positions};
+use xtoken_core::align::{Chunk, ChunkKind, Positions};
 use xtoken_core::cache::AlignCache;
 
 use super::pipeline::AlignedText;
+use super::prompts::PromptSource;
 use super::rng::SplitMix64;
-use super::stream::{AlignedStream, StreamCursor};
+use super::stream::{AlignedStream, StreamCursor, StreamedDoc};
 use crate::error::{Error, Result};
 
 /// Where the packer stands: at a document (of the cache: the `position`-th of epoch `epoch`'s
@@ -35,6 +36,8 @@ struct DocView {
     /// Student positions where no teacher's chunk straddles, with each teacher's position
     /// there; ascending, starting with 0 and ending with the document's length.
     cuts: Vec<(u32, Vec<u32>)>,
+    /// The student ids of the record's prompt (streamed data with `on_policy.prompt_field`).
+    prompt: Option<Vec<u32>>,
 }
 
 impl DocView {
@@ -48,13 +51,17 @@ impl DocView {
         Ok(Self::of(cached.student_ids.to_vec(), teachers))
     }
 
-    fn aligned(doc: AlignedText) -> Self {
+    fn streamed(streamed: StreamedDoc) -> Self {
+        let doc = streamed.doc;
         let teachers = doc
             .teachers
             .into_iter()
             .map(|(ids, a)| (ids, a.chunks))
             .collect();
-        Self::of(doc.student_ids, teachers)
+        DocView {
+            prompt: streamed.prompt,
+            ..Self::of(doc.student_ids, teachers)
+        }
     }
 
     fn of(student_ids: Vec<u32>, teachers: Vec<(Vec<u32>, Vec<Chunk>)>) -> Self {
@@ -101,6 +108,7 @@ impl DocView {
             student_ids,
             teachers,
             cuts,
+            prompt: None,
         }
     }
 
@@ -255,9 +263,9 @@ impl Packer {
                     DocView::cached(cache, self.order[self.state.position as usize] as usize)?
                 }
                 Feed::Stream(stream) => {
-                    let (cursor, doc) = stream.next_doc()?;
-                    self.state.stream = Some(cursor);
-                    DocView::aligned(doc)
+                    let doc = stream.next_doc()?;
+                    self.state.stream = Some(doc.cursor.clone());
+                    DocView::streamed(doc)
                 }
             };
             self.current = Some(view);
@@ -273,26 +281,45 @@ impl Packer {
         }
     }
 
+    /// The next on-policy prompt, from the next document: its first student ids or its
+    /// record's prompt, as `source` says; the document is used up (the rest of a document
+    /// partly packed into an earlier row is left, and a document without a prompt skipped).
+    pub fn next_prompt(&mut self, source: PromptSource) -> Result<Vec<u32>> {
+        if self.state.offset > 0 {
+            self.advance_document();
+        }
+        let mut skipped = 0usize;
+        loop {
+            let view = self.view()?;
+            let prompt = match source {
+                PromptSource::FirstTokens(n) => {
+                    let n = n.min(view.student_ids.len());
+                    (n > 0).then(|| view.student_ids[..n].to_vec())
+                }
+                PromptSource::Field => view.prompt.clone().filter(|p| !p.is_empty()),
+            };
+            self.advance_document();
+            if let Some(prompt) = prompt {
+                return Ok(prompt);
+            }
+            skipped += 1;
+            if skipped > self.empty_limit() {
+                return Err(Error::Data(match source {
+                    PromptSource::FirstTokens(_) => {
+                        "every document of the training data is empty: no prompt to draw".into()
+                    }
+                    PromptSource::Field => format!(
+                        "the last {skipped} documents of the training data have no prompt in \
+                         on_policy.prompt_field"
+                    ),
+                }));
+            }
+        }
+    }
+
     /// The next row.
     pub fn next_row(&mut self) -> Result<AlignedText> {
-        let mut row = AlignedText {
-            student_ids: Vec::new(),
-            teachers: vec![
-                (
-                    Vec::new(),
-                    Alignment {
-                        chunks: Vec::new(),
-                        student_len: 0,
-                        teacher_len: 0,
-                        score: f64::NAN,
-                        band_bytes: 0,
-                        band_edge_reached: false,
-                    },
-                );
-                self.teachers
-            ],
-            respelled: Vec::new(),
-        };
+        let mut row = AlignedText::empty(self.teachers);
         let mut empty_documents = 0usize;
         loop {
             let room = self.context - row.student_ids.len() as u32;

@@ -131,6 +131,23 @@ pub fn pieces(text: &str, max: usize) -> Vec<&str> {
 }
 
 impl AlignedText {
+    /// No text: no ids, and for each of `teachers` teachers an alignment of nothing.
+    pub fn empty(teachers: usize) -> Self {
+        let nothing = Alignment {
+            chunks: Vec::new(),
+            student_len: 0,
+            teacher_len: 0,
+            score: f64::NAN,
+            band_bytes: 0,
+            band_edge_reached: false,
+        };
+        AlignedText {
+            student_ids: Vec::new(),
+            teachers: vec![(Vec::new(), nothing); teachers],
+            respelled: Vec::new(),
+        }
+    }
+
     /// Appends the next piece of the same document: its ids after these, its chunks' positions
     /// shifted past these.
     pub fn append(&mut self, next: AlignedText) {

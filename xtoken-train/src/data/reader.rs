@@ -11,11 +11,38 @@ use serde_json::Value;
 use crate::config::DataFormat;
 use crate::error::{Context, Error, Result};
 
+/// The fields a reader takes from each record: the text, and the on-policy prompt where one is
+/// configured (`on_policy.prompt_field`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fields {
+    /// The JSON field or parquet column of the text.
+    pub text: String,
+    /// The JSON field or parquet column of the prompt.
+    pub prompt: Option<String>,
+}
+
+impl From<&str> for Fields {
+    fn from(text: &str) -> Self {
+        Fields {
+            text: text.to_string(),
+            prompt: None,
+        }
+    }
+}
+
+impl From<&String> for Fields {
+    fn from(text: &String) -> Self {
+        Fields::from(text.as_str())
+    }
+}
+
 /// One document as read, before its text is extracted (JSON is parsed by the workers).
 pub struct RawDoc {
     /// 1-based line (or row) number, for error messages.
     pub line: usize,
     raw: String,
+    /// A parquet row's prompt column (JSON keeps its prompt in `raw`).
+    prompt: Option<String>,
 }
 
 impl RawDoc {
@@ -34,7 +61,7 @@ impl RawDoc {
 pub struct DocumentReader {
     path: PathBuf,
     format: DataFormat,
-    field: String,
+    fields: Fields,
     lines: Option<Box<dyn BufRead + Send>>,
     rows: Option<parquet::record::reader::RowIter<'static>>,
     line: usize,
@@ -43,13 +70,15 @@ pub struct DocumentReader {
 }
 
 impl DocumentReader {
-    /// Opens `path`; `field` is the JSON field or parquet column holding the text.
-    pub fn open(path: &Path, format: DataFormat, field: &str) -> Result<Self> {
+    /// Opens `path`; `fields` names the JSON field or parquet column holding the text (a
+    /// `&str`), and the prompt's where one is read.
+    pub fn open(path: &Path, format: DataFormat, fields: impl Into<Fields>) -> Result<Self> {
+        let fields = fields.into();
         let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
         let mut reader = DocumentReader {
             path: path.to_path_buf(),
             format,
-            field: field.to_string(),
+            fields: fields.clone(),
             lines: None,
             rows: None,
             line: 0,
@@ -85,12 +114,16 @@ impl DocumentReader {
                     .iter()
                     .map(|f| f.name().to_string())
                     .collect();
-                if !columns.iter().any(|c| c == field) {
-                    return Err(Error::Data(format!(
-                        "{}: no column `{field}` (columns: {}); set data.text_field",
-                        path.display(),
-                        columns.join(", ")
-                    )));
+                let wanted = std::iter::once((&fields.text, "data.text_field"))
+                    .chain(fields.prompt.iter().map(|p| (p, "on_policy.prompt_field")));
+                for (field, key) in wanted {
+                    if !columns.iter().any(|c| c == field) {
+                        return Err(Error::Data(format!(
+                            "{}: no column `{field}` (columns: {}); set {key}",
+                            path.display(),
+                            columns.join(", ")
+                        )));
+                    }
                 }
                 reader.total = metadata.num_rows().max(0) as u64;
                 let rows = parquet::record::reader::RowIter::from_file_into(Box::new(parquet));
@@ -143,7 +176,7 @@ impl DocumentReader {
     pub fn next_doc(&mut self) -> Result<Option<RawDoc>> {
         loop {
             let raw = if self.lines.is_some() {
-                self.next_line()?
+                self.next_line()?.map(|line| (line, None))
             } else if self.rows.is_some() {
                 self.next_row()?
             } else {
@@ -151,11 +184,12 @@ impl DocumentReader {
             };
             match raw {
                 None => return Ok(None),
-                Some(raw) if raw.trim().is_empty() => continue,
-                Some(raw) => {
+                Some((raw, None)) if raw.trim().is_empty() => continue,
+                Some((raw, prompt)) => {
                     return Ok(Some(RawDoc {
                         line: self.line,
                         raw,
+                        prompt,
                     }))
                 }
             }
@@ -178,7 +212,8 @@ impl DocumentReader {
         Ok(Some(line))
     }
 
-    fn next_row(&mut self) -> Result<Option<String>> {
+    /// The next row's text and (with a prompt field) its prompt, `None` for a null prompt.
+    fn next_row(&mut self) -> Result<Option<(String, Option<String>)>> {
         let Some(row) = self.rows.as_mut().and_then(|rows| rows.next()) else {
             return Ok(None);
         };
@@ -186,24 +221,32 @@ impl DocumentReader {
         self.done += 1;
         let row = row
             .map_err(|e| Error::Data(format!("{}: row {}: {e}", self.path.display(), self.line)))?;
-        let text = row
+        let text = self.column(&row, &self.fields.text)?.unwrap_or_default();
+        let prompt = match &self.fields.prompt {
+            Some(field) => self.column(&row, field)?,
+            None => None,
+        };
+        Ok(Some((text, prompt)))
+    }
+
+    /// A string column of a parquet row (`None` when null).
+    fn column(&self, row: &parquet::record::Row, field: &str) -> Result<Option<String>> {
+        let value = row
             .get_column_iter()
-            .find(|(name, _)| *name == &self.field)
+            .find(|(name, _)| *name == field)
             .map(|(_, value)| value.clone());
-        match text {
+        match value {
             Some(parquet::record::Field::Str(s)) => Ok(Some(s)),
-            Some(parquet::record::Field::Null) => Ok(Some(String::new())),
+            Some(parquet::record::Field::Null) => Ok(None),
             Some(other) => Err(Error::Data(format!(
-                "{}: row {}: column `{}` is {other:?}, not a string",
+                "{}: row {}: column `{field}` is {other:?}, not a string",
                 self.path.display(),
                 self.line,
-                self.field
             ))),
             None => Err(Error::Data(format!(
-                "{}: row {}: no column `{}`",
+                "{}: row {}: no column `{field}`",
                 self.path.display(),
                 self.line,
-                self.field
             ))),
         }
     }
@@ -213,17 +256,17 @@ impl DocumentReader {
         TextExtractor {
             path: self.path.clone(),
             format: self.format,
-            field: self.field.clone(),
+            fields: self.fields.clone(),
         }
     }
 }
 
-/// Extracts the text of documents read by a [`DocumentReader`].
+/// Extracts the text (and the prompt) of documents read by a [`DocumentReader`].
 #[derive(Debug, Clone)]
 pub struct TextExtractor {
     path: PathBuf,
     format: DataFormat,
-    field: String,
+    fields: Fields,
 }
 
 impl TextExtractor {
@@ -232,7 +275,7 @@ impl TextExtractor {
         TextExtractor {
             path: PathBuf::new(),
             format: DataFormat::Txt,
-            field: String::new(),
+            fields: Fields::default(),
         }
     }
 
@@ -243,25 +286,47 @@ impl TextExtractor {
 
     /// The text of a document, with errors naming the file and line.
     pub fn text(&self, doc: &RawDoc) -> Result<String> {
+        Ok(self.extract(doc)?.0)
+    }
+
+    /// The text of a document and, with a prompt field, its prompt (`None` where the record
+    /// has none: it prompts nothing). With a prompt field, a record without text is one that
+    /// only prompts (its text is empty); a record with neither is an error.
+    pub fn extract(&self, doc: &RawDoc) -> Result<(String, Option<String>)> {
         let where_ = || self.place(doc);
         match self.format {
-            DataFormat::Txt => Ok(doc.raw.trim_end_matches(['\n', '\r']).to_string()),
-            DataFormat::Parquet => Ok(doc.raw.clone()),
+            DataFormat::Txt => Ok((doc.raw.trim_end_matches(['\n', '\r']).to_string(), None)),
+            DataFormat::Parquet => Ok((doc.raw.clone(), doc.prompt.clone())),
             DataFormat::Jsonl => {
                 let value: Value = serde_json::from_str(&doc.raw)
                     .with_context(|| format!("{}: invalid JSON", where_()))?;
-                match value.get(&self.field) {
-                    Some(Value::String(s)) => Ok(s.clone()),
+                let string = |field: &str| match value.get(field) {
+                    Some(Value::String(s)) => Ok(Some(s.clone())),
+                    Some(Value::Null) if self.fields.prompt.is_some() => Ok(None),
                     Some(other) => Err(Error::Data(format!(
-                        "{}: field `{}` is {}, not a string",
+                        "{}: field `{field}` is {}, not a string",
                         where_(),
-                        self.field,
                         kind_of(other)
                     ))),
-                    None => Err(Error::Data(format!(
+                    None => Ok(None),
+                };
+                let text = string(&self.fields.text)?;
+                let prompt = match &self.fields.prompt {
+                    Some(field) => string(field)?,
+                    None => None,
+                };
+                match (text, &self.fields.prompt) {
+                    (Some(text), _) => Ok((text, prompt)),
+                    (None, Some(_)) if prompt.is_some() => Ok((String::new(), prompt)),
+                    (None, Some(field)) => Err(Error::Data(format!(
+                        "{}: no field `{}` nor `{field}`",
+                        where_(),
+                        self.fields.text
+                    ))),
+                    (None, None) => Err(Error::Data(format!(
                         "{}: no field `{}`",
                         where_(),
-                        self.field
+                        self.fields.text
                     ))),
                 }
             }
@@ -277,5 +342,126 @@ fn kind_of(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(prompt: Option<&str>) -> Fields {
+        Fields {
+            text: "text".into(),
+            prompt: prompt.map(String::from),
+        }
+    }
+
+    fn read_all(
+        path: &Path,
+        format: DataFormat,
+        f: Fields,
+    ) -> Result<Vec<(String, Option<String>)>> {
+        let mut reader = DocumentReader::open(path, format, f)?;
+        let extractor = reader.extractor();
+        let mut out = Vec::new();
+        while let Some(doc) = reader.next_doc()? {
+            out.push(extractor.extract(&doc)?);
+        }
+        Ok(out)
+    }
+
+    /// With a prompt field, a JSON record may hold text, a prompt or both (null is none); one
+    /// with neither, or a prompt that is not a string, is an error naming the line.
+    #[test]
+    fn json_records_give_text_and_prompt() {
+        let dir = std::env::temp_dir().join(format!("xtoken-reader-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("p.jsonl");
+        let lines = [
+            r#"{"text": "a b", "prompt": "a"}"#,
+            r#"{"prompt": "only"}"#,
+            r#"{"text": "only text", "prompt": null}"#,
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let docs = read_all(&path, DataFormat::Jsonl, fields(Some("prompt"))).unwrap();
+        assert_eq!(
+            docs,
+            [
+                ("a b".into(), Some("a".into())),
+                (String::new(), Some("only".into())),
+                ("only text".into(), None),
+            ]
+        );
+        let texts = read_all(&path, DataFormat::Jsonl, fields(None));
+        assert!(texts
+            .unwrap_err()
+            .to_string()
+            .contains("p.jsonl:2: no field `text`"));
+        std::fs::write(&path, "{\"other\": 1}\n{\"prompt\": 3}\n").unwrap();
+        let err = read_all(&path, DataFormat::Jsonl, fields(Some("prompt"))).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("p.jsonl:1: no field `text` nor `prompt`"),
+            "{err}"
+        );
+        std::fs::write(&path, "{\"prompt\": 3}\n").unwrap();
+        let err = read_all(&path, DataFormat::Jsonl, fields(Some("prompt"))).unwrap_err();
+        assert!(
+            err.to_string().contains("field `prompt` is a number"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A parquet file's prompt column is read beside its text (a null is no prompt, a row with
+    /// neither is blank); a file without the column is refused naming the key.
+    #[test]
+    fn parquet_rows_give_text_and_prompt() {
+        use parquet::data_type::{ByteArray, ByteArrayType};
+        use parquet::file::writer::SerializedFileWriter;
+        use std::sync::Arc;
+        let dir = std::env::temp_dir().join(format!("xtoken-reader-pq-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("p.parquet");
+        let schema = parquet::schema::parser::parse_message_type(
+            "message docs { optional binary text (UTF8); optional binary prompt (UTF8); }",
+        )
+        .unwrap();
+        let file = File::create(&path).unwrap();
+        let mut writer =
+            SerializedFileWriter::new(file, Arc::new(schema), Default::default()).unwrap();
+        let mut group = writer.next_row_group().unwrap();
+        let columns = [
+            vec![Some("first text"), Some("second"), None, None],
+            vec![Some("q"), None, Some("only"), None],
+        ];
+        for values in columns {
+            let present: Vec<ByteArray> = values.iter().flatten().map(|v| (*v).into()).collect();
+            let levels: Vec<i16> = values.iter().map(|v| i16::from(v.is_some())).collect();
+            let mut column = group.next_column().unwrap().unwrap();
+            column
+                .typed::<ByteArrayType>()
+                .write_batch(&present, Some(&levels), None)
+                .unwrap();
+            column.close().unwrap();
+        }
+        group.close().unwrap();
+        writer.close().unwrap();
+        let docs = read_all(&path, DataFormat::Parquet, fields(Some("prompt"))).unwrap();
+        // The row with neither is blank, passed over as a blank line is.
+        let want = [
+            ("first text".into(), Some("q".into())),
+            ("second".into(), None),
+            (String::new(), Some("only".into())),
+        ];
+        assert_eq!(docs, want);
+        let err = read_all(&path, DataFormat::Parquet, fields(Some("question"))).unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "no column `question` (columns: text, prompt); set on_policy.prompt_field"
+            ),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

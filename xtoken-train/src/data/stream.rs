@@ -20,8 +20,8 @@ use xtoken_core::align::Workspace;
 
 use super::background::Background;
 use super::pipeline::{AlignedText, Pipeline};
-use super::reader::{DocumentReader, RawDoc, TextExtractor};
-use super::rng::SplitMix64;
+use super::reader::{DocumentReader, Fields, RawDoc, TextExtractor};
+use super::rng::{mix, unit, SplitMix64};
 use super::sources::Source;
 use crate::error::{Context, Error, Result};
 
@@ -68,19 +68,12 @@ fn shuffled(n: usize, seed: u64) -> Vec<u32> {
     order
 }
 
-/// Mixes a list of numbers into one seed.
-fn mix(parts: &[u64]) -> u64 {
-    parts.iter().fold(0x51_7CC1_B727_220A, |h, &p| {
-        SplitMix64(h ^ p.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64()
-    })
-}
-
 /// One source's documents in order.
 struct SourceReader {
     index: usize,
     source: Source,
     seed: u64,
-    field: String,
+    fields: Fields,
     cursor: SourceCursor,
     shard_order: Vec<u32>,
     reader: Option<DocumentReader>,
@@ -96,7 +89,7 @@ impl SourceReader {
         index: usize,
         source: Source,
         seed: u64,
-        field: &str,
+        fields: &Fields,
         at: SourceCursor,
     ) -> Result<Self> {
         let mut reader = SourceReader {
@@ -104,7 +97,7 @@ impl SourceReader {
             shard_order: shuffled(source.shards.len(), mix(&[seed, index as u64, at.epoch])),
             source,
             seed,
-            field: field.to_string(),
+            fields: fields.clone(),
             cursor: at,
             reader: None,
             extractor: Arc::new(TextExtractor::none()),
@@ -140,7 +133,7 @@ impl SourceReader {
 
     fn open_shard(&mut self) -> Result<()> {
         let shard = &self.source.shards[self.shard_order[self.cursor.shard as usize] as usize];
-        let reader = DocumentReader::open(&shard.path, shard.format, &self.field)?;
+        let reader = DocumentReader::open(&shard.path, shard.format, self.fields.clone())?;
         self.extractor = Arc::new(reader.extractor());
         self.reader = Some(reader);
         Ok(())
@@ -243,14 +236,15 @@ pub struct DocumentStream {
 }
 
 impl DocumentStream {
-    /// The stream over `sources`, standing at `at` (the start when `None`).
+    /// The stream over `sources`, standing at `at` (the start when `None`); `fields` names the
+    /// text's field (a `&str`) and the prompt's, where one is read.
     pub fn open(
         sources: Vec<Source>,
         seed: u64,
-        field: &str,
+        fields: impl Into<Fields>,
         at: Option<&StreamCursor>,
     ) -> Result<Self> {
-        Self::open_with(sources, seed, field, at, false)
+        Self::open_with(sources, seed, &fields.into(), at, false)
     }
 
     /// As [`open`](Self::open), for data the user changed under a checkpoint on purpose
@@ -259,16 +253,16 @@ impl DocumentStream {
     pub fn open_after_change(
         sources: Vec<Source>,
         seed: u64,
-        field: &str,
+        fields: impl Into<Fields>,
         at: Option<&StreamCursor>,
     ) -> Result<Self> {
-        Self::open_with(sources, seed, field, at, true)
+        Self::open_with(sources, seed, &fields.into(), at, true)
     }
 
     fn open_with(
         sources: Vec<Source>,
         seed: u64,
-        field: &str,
+        fields: &Fields,
         at: Option<&StreamCursor>,
         lenient: bool,
     ) -> Result<Self> {
@@ -295,14 +289,14 @@ impl DocumentStream {
             .enumerate()
             .map(|(i, source)| {
                 let cursor = at.map(|at| at.sources[i]).unwrap_or_default();
-                match SourceReader::open(i, source.clone(), seed, field, cursor) {
+                match SourceReader::open(i, source.clone(), seed, fields, cursor) {
                     Err(e) if lenient => {
                         tracing::warn!("{e}; the source starts its next epoch");
                         let next = SourceCursor {
                             epoch: cursor.epoch + 1,
                             ..Default::default()
                         };
-                        SourceReader::open(i, source, seed, field, next)
+                        SourceReader::open(i, source, seed, fields, next)
                     }
                     opened => opened,
                 }
@@ -321,7 +315,7 @@ impl DocumentStream {
         if self.sources.len() == 1 {
             return 0;
         }
-        let u = (mix(&[self.seed, u64::MAX, n]) >> 11) as f64 / (1u64 << 53) as f64;
+        let u = unit(mix(&[self.seed, u64::MAX, n]));
         self.bounds
             .iter()
             .position(|&b| u < b)
@@ -342,8 +336,15 @@ impl DocumentStream {
     }
 }
 
-/// A document as the stream hands it on: where it is, and its ids and alignments.
-pub type StreamedDoc = (StreamCursor, AlignedText);
+/// A document as the stream hands it on.
+pub struct StreamedDoc {
+    /// Where it is.
+    pub cursor: StreamCursor,
+    /// Its ids and alignments.
+    pub doc: AlignedText,
+    /// With a prompt field: the student ids of the record's prompt (`None`: it has none).
+    pub prompt: Option<Vec<u32>>,
+}
 
 /// Aligned documents in stream order, made on worker threads ahead of their use.
 pub struct AlignedStream {
@@ -411,19 +412,32 @@ fn read_batch(stream: &mut DocumentStream) -> Result<RawBatch> {
 }
 
 /// Extracts, tokenizes and aligns a batch on the current pool, in order; documents whose text
-/// is blank are left out.
+/// (and prompt) is blank are left out. A prompt is tokenized by the student alone.
 fn align_batch(pipeline: &Pipeline, batch: RawBatch) -> Result<Vec<StreamedDoc>> {
     let aligned: Vec<Result<Option<StreamedDoc>>> = batch
         .into_par_iter()
         .map_init(Workspace::default, |ws, (cursor, raw, extractor)| {
-            let text = extractor.text(&raw)?;
-            if text.trim().is_empty() {
+            let (text, prompt) = extractor.extract(&raw)?;
+            let prompt = prompt.filter(|p| !p.trim().is_empty());
+            if text.trim().is_empty() && prompt.is_none() {
                 return Ok(None);
             }
-            let doc = pipeline
-                .process(ws, &text)
-                .with_context(|| format!("{}: aligning this document", extractor.place(&raw)))?;
-            Ok(Some((cursor, doc)))
+            let place = || extractor.place(&raw);
+            let doc = match text.trim().is_empty() {
+                true => AlignedText::empty(pipeline.teachers.len()),
+                false => pipeline
+                    .process(ws, &text)
+                    .with_context(|| format!("{}: aligning this document", place()))?,
+            };
+            let prompt = prompt
+                .map(|p| pipeline.student.encode(&p))
+                .transpose()
+                .with_context(|| format!("{}: tokenizing its prompt", place()))?;
+            Ok(Some(StreamedDoc {
+                cursor,
+                doc,
+                prompt,
+            }))
         })
         .collect();
     aligned.into_iter().filter_map(Result::transpose).collect()

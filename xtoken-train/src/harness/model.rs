@@ -9,7 +9,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{activation::log_softmax, Bool, Int, Tensor, TensorData};
 use tokenizers::Tokenizer;
 use xtoken_kernels::XTokenBackend;
-use xtoken_models::{Greedy, Transformer};
+use xtoken_models::{Decoding, Transformer};
 
 use super::task::LogLikelihood;
 use crate::error::{Error, Result};
@@ -222,7 +222,7 @@ impl<B: XTokenBackend> Scorable<'_, B> {
         let mut out = vec![String::new(); requests.len()];
         for batch in order.chunks(self.batch.max(1)) {
             let batch_prompts: Vec<Vec<u32>> = batch.iter().map(|&i| prompts[i].clone()).collect();
-            let settings = Greedy {
+            let settings = Decoding {
                 max_new_tokens: self.max_gen_toks,
                 use_cache: self.use_cache,
             };

@@ -37,6 +37,21 @@ pub struct StepMetrics {
     /// Peak memory so far: the device's pools where the backend reports them (CUDA), else the
     /// process's resident memory (the CPU backend); 0 where neither is known.
     pub memory_bytes: u64,
+    /// What the student wrote (runs with `[on_policy]`).
+    pub on_policy: Option<OnPolicyMetrics>,
+}
+
+/// What the student wrote in one step of on-policy distillation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OnPolicyMetrics {
+    /// The share of the step's sequences the student wrote.
+    pub share: f64,
+    /// Tokens written per on-policy sequence, the mean over the step (0 without one).
+    pub generated: f64,
+    /// Tokens written per second of writing them (this worker's).
+    pub tokens_per_s: f64,
+    /// Seconds of the step spent writing them and aligning what was written (this worker's).
+    pub seconds: f64,
 }
 
 /// The CSV file `metrics.csv` of a run, and its TensorBoard event file beside it in
@@ -46,24 +61,29 @@ pub struct MetricsLog {
     file: File,
     events: EventWriter,
     teachers: Vec<String>,
+    /// Whether the rows have the on-policy columns.
+    on_policy: bool,
     rows: Vec<StepMetrics>,
 }
 
-fn header(teachers: &[String]) -> String {
+fn header(teachers: &[String], on_policy: bool) -> String {
     let mut h = String::from("step,lr,loss,ce,kd");
     for name in teachers {
         let _ = write!(h, ",loss_{name},alpha_{name}");
     }
     h.push_str(",grad_norm,tokens,tokens_per_s,seconds,memory_bytes");
+    if on_policy {
+        h.push_str(",on_policy_share,generated_tokens,generation_tokens_per_s,generation_seconds");
+    }
     h
 }
 
-fn parse_row(line: &str, teachers: usize) -> Option<StepMetrics> {
+fn parse_row(line: &str, teachers: usize, on_policy: bool) -> Option<StepMetrics> {
     let v: Vec<f64> = line
         .split(',')
         .map(|x| x.parse::<f64>().ok())
         .collect::<Option<_>>()?;
-    if v.len() != 10 + 2 * teachers {
+    if v.len() != 10 + 2 * teachers + 4 * usize::from(on_policy) {
         return None;
     }
     let t = 5 + 2 * teachers;
@@ -81,21 +101,32 @@ fn parse_row(line: &str, teachers: usize) -> Option<StepMetrics> {
         tokens_per_s: v[t + 2],
         seconds: v[t + 3],
         memory_bytes: v[t + 4] as u64,
+        on_policy: on_policy.then(|| OnPolicyMetrics {
+            share: v[t + 5],
+            generated: v[t + 6],
+            tokens_per_s: v[t + 7],
+            seconds: v[t + 8],
+        }),
     })
 }
 
 impl MetricsLog {
     /// Opens `path` for a run resumed after `start_step` steps: a fresh file at 0, else the
     /// rows of steps `1..=start_step` are kept and later ones (written after the checkpoint the
-    /// run resumes from) dropped.
-    pub fn open(path: &Path, teachers: &[String], start_step: u64) -> Result<Self> {
+    /// run resumes from) dropped. `on_policy` adds the columns of what the student wrote.
+    pub fn open(
+        path: &Path,
+        teachers: &[String],
+        on_policy: bool,
+        start_step: u64,
+    ) -> Result<Self> {
         let mut rows = Vec::new();
         if start_step > 0 && path.exists() {
             let file =
                 File::open(path).with_context(|| format!("{}: cannot read", path.display()))?;
             let mut lines = BufReader::new(file).lines();
             let first = lines.next().transpose()?.unwrap_or_default();
-            if first != header(teachers) {
+            if first != header(teachers, on_policy) {
                 return Err(Error::Run(format!(
                     "{}: its columns do not match this run's teachers; move it away to resume",
                     path.display()
@@ -103,7 +134,7 @@ impl MetricsLog {
             }
             for (i, line) in lines.enumerate() {
                 let line = line?;
-                let row = parse_row(&line, teachers.len()).ok_or_else(|| {
+                let row = parse_row(&line, teachers.len(), on_policy).ok_or_else(|| {
                     Error::Run(format!("{}:{}: not a metrics row", path.display(), i + 2))
                 })?;
                 if row.step <= start_step {
@@ -118,9 +149,10 @@ impl MetricsLog {
                 .with_context(|| format!("{}: cannot write", path.display()))?,
             events: EventWriter::create(&events, start_step)?,
             teachers: teachers.to_vec(),
+            on_policy,
             rows: Vec::new(),
         };
-        writeln!(log.file, "{}", header(teachers))?;
+        writeln!(log.file, "{}", header(teachers, on_policy))?;
         for row in rows {
             log.write_row(row)?;
         }
@@ -142,6 +174,11 @@ impl MetricsLog {
             scalars.push((format!("teacher/{name}/loss"), *loss));
             scalars.push((format!("teacher/{name}/alpha"), *alpha));
         }
+        if let Some(on) = &m.on_policy {
+            scalars.push(("on_policy/share".to_string(), on.share));
+            scalars.push(("on_policy/generated_tokens".to_string(), on.generated));
+            scalars.push(("perf/generation_tokens_per_s".to_string(), on.tokens_per_s));
+        }
         self.events.scalars(m.step, &scalars)?;
         self.write_row(m)
     }
@@ -156,6 +193,19 @@ impl MetricsLog {
             ",{},{},{:.1},{:.3},{}",
             m.grad_norm, m.tokens, m.tokens_per_s, m.seconds, m.memory_bytes
         );
+        if self.on_policy {
+            let on = m.on_policy.unwrap_or(OnPolicyMetrics {
+                share: 0.0,
+                generated: 0.0,
+                tokens_per_s: 0.0,
+                seconds: 0.0,
+            });
+            let _ = write!(
+                line,
+                ",{},{},{:.1},{:.3}",
+                on.share, on.generated, on.tokens_per_s, on.seconds
+            );
+        }
         writeln!(self.file, "{line}")
             .and_then(|_| self.file.flush())
             .with_context(|| format!("{}: cannot write", self.path.display()))?;
@@ -481,6 +531,7 @@ mod tests {
             tokens_per_s: 50.0,
             seconds: step as f64,
             memory_bytes: 1 << 30,
+            on_policy: None,
         }
     }
 
@@ -490,12 +541,12 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("metrics.csv");
         let teachers = vec!["qwen".to_string()];
-        let mut log = MetricsLog::open(&path, &teachers, 0).unwrap();
+        let mut log = MetricsLog::open(&path, &teachers, false, 0).unwrap();
         for s in 0..5 {
             log.push(row(s)).unwrap();
         }
         drop(log);
-        let log = MetricsLog::open(&path, &teachers, 2).unwrap();
+        let log = MetricsLog::open(&path, &teachers, false, 2).unwrap();
         assert_eq!(log.rows(), &[row(0), row(1), row(2)]);
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 4);
@@ -509,7 +560,40 @@ mod tests {
         let svg = std::fs::read_to_string(dir.join("loss.svg")).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.contains("qwen"));
         assert!(svg.contains("held-out CE") && svg.contains("held-out qwen"));
-        assert!(MetricsLog::open(&path, &["other".to_string()], 3).is_err());
+        assert!(MetricsLog::open(&path, &["other".to_string()], false, 3).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// An on-policy run's rows carry what the student wrote, and read back as written; its
+    /// file does not open as one without those columns.
+    #[test]
+    fn on_policy_columns_round_trip() {
+        let dir = std::env::temp_dir().join(format!("xtoken-metrics-op-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.csv");
+        let teachers = vec!["qwen".to_string()];
+        let written = |step| StepMetrics {
+            on_policy: Some(OnPolicyMetrics {
+                share: 0.5,
+                generated: 12.25,
+                tokens_per_s: 300.5,
+                seconds: 0.125,
+            }),
+            ..row(step)
+        };
+        let mut log = MetricsLog::open(&path, &teachers, true, 0).unwrap();
+        for s in 1..4 {
+            log.push(written(s)).unwrap();
+        }
+        drop(log);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.lines().next().unwrap().ends_with(
+            "on_policy_share,generated_tokens,generation_tokens_per_s,generation_seconds"
+        ));
+        let log = MetricsLog::open(&path, &teachers, true, 2).unwrap();
+        assert_eq!(log.rows(), &[written(1), written(2)]);
+        drop(log);
+        assert!(MetricsLog::open(&path, &teachers, false, 2).is_err());
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -76,8 +76,17 @@ impl Progress {
             .zip(&row.teachers)
             .map(|(name, (l, a))| format!("{name} {l:.4} (α {a:.3})"))
             .collect();
+        let written = match &row.on_policy {
+            Some(on) => format!(
+                " · on-policy {:.0} %, {:.1} tokens written each at {:.0} tok/s",
+                100.0 * on.share,
+                on.generated,
+                on.tokens_per_s
+            ),
+            None => String::new(),
+        };
         tracing::info!(
-            "step {}/{steps} · lr {:.3e} · loss {:.4} · CE {:.4} · KD {:.4} [{}] · |g| {:.3} · {:.0} tok/s · {:.2} GB",
+            "step {}/{steps} · lr {:.3e} · loss {:.4} · CE {:.4} · KD {:.4} [{}] · |g| {:.3} · {:.0} tok/s · {:.2} GB{written}",
             row.step,
             row.lr,
             row.loss,

@@ -6,7 +6,8 @@
 //!    the estimate of one device's memory; [`lock`] keeps a second process out of the directory;
 //! 3. [`inputs`]: the models' configurations, tokenizers, aligners, shards and each teacher's W;
 //! 4. [`run`]: the run in named stages (open, step, log, evaluate, checkpoint, export);
-//! 5. [`step`]: one optimizer step: the [`teachers`]' targets, the student's forward and
+//! 5. [`step`]: one optimizer step (after [`on_policy`]: the student writing the step's on-policy
+//!    sequences): the [`teachers`]' targets, the student's forward and
 //!    backward under the distillation losses, the exchange between workers, clipping and
 //!    [`optim`]'s AdamW at the [`schedule`]'s rate; [`readout`] reads its scalars once;
 //! 6. [`heldout`] and [`benchmarks`]: held-out text and the paper's benchmarks scored every
@@ -25,6 +26,7 @@ pub mod inputs;
 pub mod launch;
 pub mod lock;
 pub mod memory;
+pub mod on_policy;
 pub mod optim;
 pub mod options;
 pub mod preflight;

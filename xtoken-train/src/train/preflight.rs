@@ -11,9 +11,9 @@ use xtoken_core::loss::LossKind;
 use xtoken_core::projection::SparseProjection;
 
 use crate::config::DeviceKind;
-use crate::config::{DtypeChoice, RunConfig};
+use crate::config::{DtypeChoice, OnPolicyConfig, RunConfig};
 use crate::data::pipeline::PIECE_BYTES;
-use crate::data::{DocumentReader, Source};
+use crate::data::{DocumentReader, Fields, Source};
 use crate::error::{Context, Error, Result};
 use crate::paths::refuse_holding;
 use crate::train::inputs::RunInputs;
@@ -43,6 +43,9 @@ pub struct Preflight {
     pub cache: Option<(PathBuf, bool)>,
     /// Estimated bytes of one device's memory, and of the inputs every process holds.
     pub memory: MemoryEstimate,
+    /// With `[on_policy]`: its settings, the sequences of a step, and the bytes of the key/value
+    /// cache the student writes `generation_batch` sequences with.
+    pub on_policy: Option<(OnPolicyConfig, usize, u64)>,
 }
 
 /// One data source of the plan.
@@ -111,11 +114,11 @@ pub fn check(
     for s in &inputs.settings {
         failures.note(open_weights(&s.model).with_context(|| format!("teacher {}", s.name)));
     }
-    let field = &config.data.text_field;
+    let fields = crate::data::prompts::fields(config);
     let mut sources: Vec<_> = inputs
         .sources
         .iter()
-        .filter_map(|source| failures.note(read_first_documents(field)(source)))
+        .filter_map(|source| failures.note(read_first_documents(&fields)(source)))
         .collect();
     if let Some(path) = config.eval.as_ref().and_then(|e| e.path.as_ref()) {
         let data = crate::config::DataConfig {
@@ -124,8 +127,9 @@ pub fn check(
             ..config.data.clone()
         };
         let held_out = crate::data::sources::sources(&data).context("eval.path");
+        let fields = Fields::from(&data.text_field);
         for source in failures.note(held_out).unwrap_or_default() {
-            if let Some(plan) = failures.note(read_first_documents(&data.text_field)(&source)) {
+            if let Some(plan) = failures.note(read_first_documents(&fields)(&source)) {
                 sources.push(SourcePlan {
                     name: format!("held-out {}", plan.name),
                     weight: 0.0,
@@ -151,7 +155,16 @@ pub fn check(
     };
     let t = &config.training;
     let student = &inputs.student_config.architecture;
+    let on_policy = config.on_policy.clone().filter(|o| o.active()).map(|o| {
+        // Keys and values of every layer for the longest sequence, in f32 at most.
+        let positions = (o.prompt_tokens + o.max_new_tokens).min(t.context_length) as u64;
+        let per_position =
+            2 * student.num_hidden_layers * student.num_key_value_heads * student.head_dim * 4;
+        let cache = o.generation_batch as u64 * positions * per_position as u64;
+        (o, t.batch_size, cache)
+    });
     Ok(Preflight {
+        on_policy,
         workers,
         steps: t.steps,
         accum,
@@ -276,14 +289,15 @@ fn open_weights(dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// Checks that every shard of a source opens and yields the text of its first document.
-fn read_first_documents(field: &str) -> impl Fn(&Source) -> Result<SourcePlan> + '_ {
+/// Checks that every shard of a source opens (with the prompt's column, where one is read) and
+/// yields the text of its first document.
+fn read_first_documents(fields: &Fields) -> impl Fn(&Source) -> Result<SourcePlan> + '_ {
     move |source| {
         let mut bytes = 0;
         let mut documents = 0;
         let mut long_documents = Vec::new();
         for shard in &source.shards {
-            let mut reader = DocumentReader::open(&shard.path, shard.format, field)?;
+            let mut reader = DocumentReader::open(&shard.path, shard.format, fields.clone())?;
             if let Some(doc) = reader.next_doc()? {
                 let text = reader.extractor().text(&doc)?;
                 if text.len() > PIECE_BYTES {
@@ -418,6 +432,26 @@ impl fmt::Display for Preflight {
                     PIECE_BYTES >> 20
                 )?;
             }
+        }
+        if let Some((on, batch, cache)) = &self.on_policy {
+            let prompts = match &on.prompt_field {
+                Some(field) => format!("each record's `{field}`"),
+                None => format!("each document's first {} student tokens", on.prompt_tokens),
+            };
+            writeln!(
+                f,
+                "on-policy: λ = {}: about {:.0} of {batch} sequences per step written by the \
+                 student (prompts: {prompts}; up to {} new tokens at temperature {}, top-p {}; \
+                 key/value cache of {} sequences {}); trained on what it wrote only, with no \
+                 cross-entropy there, γ measured on the off-policy part",
+                on.fraction,
+                on.fraction * *batch as f64,
+                on.max_new_tokens,
+                on.temperature,
+                on.top_p,
+                on.generation_batch,
+                gb(*cache)
+            )?;
         }
         if let Some((path, exists)) = &self.cache {
             let what = if *exists {

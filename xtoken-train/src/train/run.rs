@@ -21,10 +21,13 @@ use xtoken_models::{LoadOptions, Transformer};
 use crate::backend::TrainBackend;
 use crate::cluster::parallel::{fingerprint, Worker};
 use crate::config::RunConfig;
-use crate::data::{AlignedStream, BatchShape, DocumentStream, Feed, Loader, LoaderState, Packer};
+use crate::data::{
+    AlignedStream, BatchShape, DocumentStream, Feed, Loader, LoaderState, OnPolicyDraw, Packer,
+    StepPlan,
+};
 use crate::error::{Context, Error, Result};
 use crate::observe::evals::{EvalLog, EvalRow};
-use crate::observe::metrics::{MetricsLog, StepMetrics};
+use crate::observe::metrics::{MetricsLog, OnPolicyMetrics, StepMetrics};
 use crate::observe::progress::Progress;
 use crate::train::benchmarks::TrainingBenchmarks;
 use crate::train::checkpoint::{self, CheckpointState};
@@ -33,6 +36,7 @@ use crate::train::heldout::HeldOut;
 use crate::train::inputs::RunInputs;
 use crate::train::lock::RunLock;
 use crate::train::memory::MemoryEstimate;
+use crate::train::on_policy::OnPolicy;
 use crate::train::optim::Trainable;
 use crate::train::options::RunOptions;
 use crate::train::resume::Extension;
@@ -63,6 +67,8 @@ pub struct Run<B: TrainBackend> {
     setup: LossSetup,
     state: CheckpointState,
     loader: Loader,
+    /// The student's writing of the on-policy sequences (runs with `[on_policy]`).
+    on_policy: Option<OnPolicy>,
     metrics: Option<MetricsLog>,
     progress: Progress,
     /// When this process started training, and the seconds of the steps before it.
@@ -163,7 +169,11 @@ impl<B: TrainBackend> Run<B> {
         }
         let names: Vec<String> = teachers.iter().map(|t| t.settings.name.clone()).collect();
         let metrics = lead
-            .then(|| MetricsLog::open(&config.output_dir.join("metrics.csv"), &names, state.step))
+            .then(|| {
+                let path = config.output_dir.join("metrics.csv");
+                let on_policy = config.on_policy.as_ref().is_some_and(|o| o.active());
+                MetricsLog::open(&path, &names, on_policy, state.step)
+            })
             .transpose()?;
         let held_out = match lead {
             true => held_out(&config, &inputs, &names, state.step)?,
@@ -183,14 +193,16 @@ impl<B: TrainBackend> Run<B> {
             &config,
             &inputs,
             (&worker, multiple),
-            state.loader.clone(),
+            (state.loader.clone(), state.step),
             lenient,
         )?;
+        let on_policy = OnPolicy::of(&config, inputs.pipeline.clone(), multiple)?;
         let t = &config.training;
         let last = options.stop_after.unwrap_or(t.steps).min(t.steps);
         progress.start(&config, state.step, last, (accum, worker.count));
         Ok(Self {
             setup: LossSetup::of(&config)?,
+            on_policy,
             device,
             worker,
             teachers,
@@ -337,8 +349,20 @@ impl<B: TrainBackend> Run<B> {
         let started = Instant::now();
         crate::observe::profile::start_step();
         let n = self.state.step + 1;
-        let batch = self.loader.next_step()?;
+        let mut batch = self.loader.next_step()?;
         crate::observe::profile::boundary::<B>(&self.device, || "data wait".into());
+        let generation = match self.on_policy.as_mut() {
+            Some(writer) => {
+                let student = self.trainable.student.valid();
+                let generation = catch_out_of_memory(n, || writer.write(&student, &mut batch))
+                    .with_context(|| format!("step {n}"))?;
+                crate::observe::profile::boundary::<B>(&self.device, || {
+                    "on-policy: the student writes".into()
+                });
+                Some(generation)
+            }
+            None => None,
+        };
         let lr = self.rate_after(self.state.step);
         let t = &self.config.training;
         let rates = StepRates {
@@ -369,6 +393,15 @@ impl<B: TrainBackend> Run<B> {
         self.state.scaling = outcome.scaling;
         self.state.seconds = self.clock.1 + self.clock.0.elapsed().as_secs_f64();
         let seconds = started.elapsed().as_secs_f64();
+        let on_policy = generation.map(|g| {
+            let (rows, tokens) = outcome.written;
+            OnPolicyMetrics {
+                share: batch.on_policy_rows as f64 / batch.rows.max(1) as f64,
+                generated: tokens as f64 / rows.max(1) as f64,
+                tokens_per_s: g.tokens as f64 / g.seconds.max(1e-9),
+                seconds: g.seconds,
+            }
+        });
         let v = outcome.values;
         Ok(StepMetrics {
             step: n,
@@ -384,6 +417,7 @@ impl<B: TrainBackend> Run<B> {
             memory_bytes: B::reserved_bytes(&self.device)
                 .or_else(crate::machine::peak_resident)
                 .unwrap_or(0),
+            on_policy,
         })
     }
 
@@ -756,7 +790,7 @@ fn start_loader(
     config: &RunConfig,
     inputs: &RunInputs,
     (worker, length_multiple): (&Worker, usize),
-    state: LoaderState,
+    (state, step): (LoaderState, u64),
     lenient: bool,
 ) -> Result<Loader> {
     let t = &config.training;
@@ -771,7 +805,7 @@ fn start_loader(
             let stream = open(
                 inputs.sources.clone(),
                 config.seed,
-                &d.text_field,
+                crate::data::prompts::fields(config),
                 state.stream.as_ref(),
             )?;
             let threads = config.data_threads();
@@ -784,6 +818,10 @@ fn start_loader(
         }
     };
     let teachers = inputs.settings.len();
+    let plan = StepPlan {
+        done: step,
+        on_policy: OnPolicyDraw::of(config),
+    };
     let packer = Packer::new(feed, teachers, config.seed, t.context_length, state)?;
     let shape = BatchShape {
         global: t.batch_size,
@@ -792,5 +830,11 @@ fn start_loader(
         rank: worker.rank,
         length_multiple,
     };
-    Loader::start(packer, shape, config.merge_variant()?, config.data.prefetch)
+    Loader::start(
+        packer,
+        shape,
+        config.merge_variant()?,
+        config.data.prefetch,
+        plan,
+    )
 }

@@ -89,15 +89,18 @@ pub struct LossValues {
 }
 
 /// The fields of a teacher's step sums (`Sums::teachers`): `Σ c · L_m` and `Σ c` over compared
-/// chunks, `Σ k · confidence` and `Σ k` over the teacher's positions, and `Σ α_m` (micro-batch
-/// scope: the α each micro-batch used). One flat array, so that adding and exchanging them is
-/// one loop.
+/// chunks, `Σ k · confidence` and `Σ k` over the teacher's positions, `Σ α_m` (micro-batch
+/// scope: the α each micro-batch used), and the first two over the off-policy micro-batches
+/// alone (dynamic scaling's `L_KD`). One flat array, so that adding and exchanging them is one
+/// loop.
 const LOSS: usize = 0;
 const CHUNKS: usize = 1;
 const CONFIDENCE: usize = 2;
 const POSITIONS: usize = 3;
 const ALPHA: usize = 4;
-const TEACHER_SUMS: usize = 5;
+const OFF_LOSS: usize = 5;
+const OFF_CHUNKS: usize = 6;
+const TEACHER_SUMS: usize = 7;
 
 /// What a micro-batch adds to the step's sums: its CE positions and, per teacher, its compared
 /// chunks (the weights of its means), and with `values`, its loss values and confidence.
@@ -105,12 +108,15 @@ const TEACHER_SUMS: usize = 5;
 struct Sums {
     /// `Σ n · L_CE` and `Σ n` over CE positions.
     ce: (f64, f64),
-    /// Per teacher, the sums indexed by `LOSS`, `CHUNKS`, `CONFIDENCE`, `POSITIONS`, `ALPHA`.
+    /// Per teacher, the sums indexed by `LOSS`, `CHUNKS`, `CONFIDENCE`, `POSITIONS`, `ALPHA`,
+    /// `OFF_LOSS`, `OFF_CHUNKS`.
     teachers: Vec<[f64; TEACHER_SUMS]>,
     /// Student tokens.
     tokens: f64,
     /// Micro-batches.
     micro: f64,
+    /// On-policy rows, and the tokens the student wrote in them.
+    written: (f64, f64),
 }
 
 impl Sums {
@@ -120,6 +126,7 @@ impl Sums {
             teachers: vec![[0.0; TEACHER_SUMS]; teachers],
             tokens: 0.0,
             micro: 0.0,
+            written: (0.0, 0.0),
         }
     }
 
@@ -131,9 +138,15 @@ impl Sums {
         sums.ce.1 = positions as f64;
         for (t, batch) in sums.teachers.iter_mut().zip(&micro.teachers) {
             t[CHUNKS] = batch.plan.valid_chunks() as f64;
+            if !micro.on_policy {
+                t[OFF_CHUNKS] = t[CHUNKS];
+            }
         }
         sums.tokens = micro.tokens as f64;
         sums.micro = 1.0;
+        if micro.on_policy {
+            sums.written = (micro.rows as f64, micro.generated as f64);
+        }
         sums
     }
 
@@ -142,6 +155,7 @@ impl Sums {
         self.ce.0 = self.ce.1 * values.ce;
         for (t, v) in self.teachers.iter_mut().zip(&values.teachers) {
             t[LOSS] = t[CHUNKS] * v.loss;
+            t[OFF_LOSS] = t[OFF_CHUNKS] * v.loss;
             if let Some((score, positions)) = v.confidence {
                 t[CONFIDENCE] = score * positions;
                 t[POSITIONS] = positions;
@@ -159,10 +173,19 @@ impl Sums {
         }
         self.tokens += other.tokens;
         self.micro += other.micro;
+        self.written.0 += other.written.0;
+        self.written.1 += other.written.1;
     }
 
     fn pack(&self) -> Vec<f64> {
-        let mut v = vec![self.ce.0, self.ce.1, self.tokens, self.micro];
+        let mut v = vec![
+            self.ce.0,
+            self.ce.1,
+            self.tokens,
+            self.micro,
+            self.written.0,
+            self.written.1,
+        ];
         self.teachers.iter().for_each(|t| v.extend(t));
         v
     }
@@ -171,10 +194,11 @@ impl Sums {
         Sums {
             ce: (v[0], v[1]),
             teachers: (0..teachers)
-                .map(|m| std::array::from_fn(|i| v[4 + TEACHER_SUMS * m + i]))
+                .map(|m| std::array::from_fn(|i| v[6 + TEACHER_SUMS * m + i]))
                 .collect(),
             tokens: v[2],
             micro: v[3],
+            written: (v[4], v[5]),
         }
     }
 
@@ -221,13 +245,27 @@ impl Sums {
             .sum()
     }
 
+    /// Dynamic scaling's `γ = L_CE / L_KD`, both over the off-policy micro-batches (on-policy
+    /// rows have no cross-entropy to scale KD against); 1 when the sums have no cross-entropy
+    /// position, so that KD keeps its own scale.
+    fn gamma(&self, alphas: &[f64]) -> f64 {
+        if self.ce.1 == 0.0 {
+            return 1.0;
+        }
+        let off: f64 = self
+            .teachers
+            .iter()
+            .zip(alphas)
+            .map(|(t, a)| Self::mean(t[OFF_LOSS], t[OFF_CHUNKS]) * a)
+            .sum();
+        scaling::ratio_of(self.ce(), off)
+    }
+
     /// The α and `γ` these sums give (`γ` only with dynamic scaling).
     fn scaling(&self, statics: &[f64], setup: &LossSetup) -> Scaling {
         let alphas = self.alphas(statics, setup.weighting);
         Scaling {
-            gamma: setup
-                .dynamic_scaling
-                .then(|| scaling::ratio_of(self.ce(), self.kd(&alphas))),
+            gamma: setup.dynamic_scaling.then(|| self.gamma(&alphas)),
             alphas,
         }
     }
@@ -245,7 +283,7 @@ impl Sums {
         let (ce, kd) = (self.ce(), self.kd(&alphas));
         LossValues {
             loss: if dynamic {
-                scaling::dynamic_value(ce, kd)
+                self.gamma(&alphas) * kd + ce
             } else {
                 ce + kd
             },
@@ -326,6 +364,9 @@ struct Balance<'a> {
     chunk_shares: Vec<f64>,
     /// The step's α and `γ`, when fixed before the backward passes.
     fixed: Option<&'a Scaling>,
+    /// Whether the student wrote its rows: measured on itself (micro-batch scope), its `γ` is
+    /// 1, having no cross-entropy.
+    on_policy: bool,
 }
 
 /// A step's α and `γ` (`None` without dynamic scaling), measured on its whole batch.
@@ -366,6 +407,7 @@ impl From<Scaling> for ScalingBits {
 impl Balance<'_> {
     fn new<'a>(counts: &Sums, step: &Sums, fixed: Option<&'a Scaling>) -> Balance<'a> {
         Balance {
+            on_policy: counts.written.0 > 0.0,
             ce_share: Sums::mean(counts.ce.1, step.ce.1),
             chunk_shares: counts
                 .teachers
@@ -664,6 +706,7 @@ impl<B: TrainBackend> Objective<'_, B> {
         if self.setup.dynamic_scaling {
             let gamma = match self.balance.fixed.and_then(|f| f.gamma) {
                 Some(gamma) => uploaded(gamma, device),
+                None if self.balance.on_policy => uploaded(1.0, device),
                 None => scaling::ratio(ce.clone(), total()?),
             };
             weighted = weighted + kd_shared * gamma;
@@ -695,6 +738,9 @@ pub struct StepOutcome {
     /// The α and `γ` of this step's batch, which `ScalingScope::PreviousStep` uses in the next
     /// (`None` when neither depends on the losses).
     pub scaling: Option<Scaling>,
+    /// On-policy sequences of the step over all workers, and the tokens the student wrote in
+    /// them.
+    pub written: (u64, u64),
 }
 
 /// The rates and clipping of one step.
@@ -810,6 +856,7 @@ pub fn step<B: TrainBackend>(
         grad_norm,
         tokens: sums.tokens.round() as u64,
         scaling,
+        written: (sums.written.0.round() as u64, sums.written.1.round() as u64),
     })
 }
 
@@ -947,14 +994,29 @@ mod tests {
     use xtoken_core::loss::multi::ConfidenceMeasure;
 
     /// A micro-batch's counts: CE positions and, per teacher, compared chunks.
+    /// An off-policy micro-batch's counts: CE positions and, per teacher, compared chunks.
     fn counts(positions: f64, chunks: &[f64]) -> Sums {
         let mut sums = Sums::zero(chunks.len());
         sums.ce.1 = positions;
         for (t, &c) in sums.teachers.iter_mut().zip(chunks) {
             t[CHUNKS] = c;
+            t[OFF_CHUNKS] = c;
         }
         sums.tokens = positions + 1.0;
         sums.micro = 1.0;
+        sums
+    }
+
+    /// An on-policy micro-batch's counts: `rows` written rows of `written` tokens, compared
+    /// chunks per teacher, no CE position.
+    fn written_counts(rows: f64, written: f64, chunks: &[f64]) -> Sums {
+        let mut sums = Sums::zero(chunks.len());
+        for (t, &c) in sums.teachers.iter_mut().zip(chunks) {
+            t[CHUNKS] = c;
+        }
+        sums.tokens = written + 8.0;
+        sums.micro = 1.0;
+        sums.written = (rows, written);
         sums
     }
 
@@ -1009,5 +1071,51 @@ mod tests {
         assert_eq!(reported.kd, kd);
         assert_eq!(reported.loss, scaling::dynamic_value(step.ce(), kd));
         assert_eq!(Sums::unpack(&step.pack(), 2), step);
+    }
+
+    /// With on-policy micro-batches, `L_KD` averages every compared chunk, but dynamic
+    /// scaling's `γ` is the off-policy part's `L_CE / L_KD`; a step of on-policy rows alone has
+    /// `γ = 1`. The written rows and tokens survive the exchange format.
+    #[test]
+    fn gamma_is_measured_on_the_off_policy_part() {
+        let setup = LossSetup {
+            params: LossParams::default(),
+            weighting: Weighting::Static,
+            dynamic_scaling: true,
+            scope: ScalingScope::Step,
+            checkpointing: false,
+        };
+        let (off, on) = (counts(4.0, &[2.0]), written_counts(2.0, 10.0, &[6.0]));
+        let plain = |loss| MicroValues {
+            ce: 3.0,
+            teachers: vec![TeacherValues {
+                loss,
+                alpha: 0.0,
+                confidence: None,
+            }],
+        };
+        let mut step = Sums::zero(1);
+        step.add(&off.clone().with_values(&plain(0.5)));
+        step.add(&on.clone().with_values(&MicroValues {
+            ce: 0.0,
+            ..plain(2.0)
+        }));
+        assert_eq!(step.ce(), 3.0, "CE over the off-policy positions only");
+        assert_eq!(step.teacher_losses(), vec![(2.0 * 0.5 + 6.0 * 2.0) / 8.0]);
+        let scaling = step.scaling(&[1.0], &setup);
+        assert_eq!(scaling.gamma, Some(scaling::ratio_of(3.0, 0.5)));
+        let values = step.values(Some(&[1.0]), true);
+        assert_eq!(values.loss, scaling::ratio_of(3.0, 0.5) * values.kd + 3.0);
+        assert_eq!(step.written, (2.0, 10.0));
+        assert_eq!(Sums::unpack(&step.pack(), 1), step);
+
+        let mut alone = Sums::zero(1);
+        alone.add(&on.with_values(&MicroValues {
+            ce: 0.0,
+            ..plain(2.0)
+        }));
+        assert_eq!(alone.scaling(&[1.0], &setup).gamma, Some(1.0));
+        assert!(Balance::new(&alone, &alone, None).on_policy);
+        assert!(!Balance::new(&off, &step, None).on_policy);
     }
 }

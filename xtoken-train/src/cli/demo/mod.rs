@@ -14,10 +14,10 @@
 //! names its pick per regime; every model is scored on held-out problems (`score`) and the
 //! results are written as Markdown, JSON and SVG (`report`).
 
-mod corpus;
+pub(crate) mod corpus;
 mod models;
 mod report;
-mod runs;
+pub(crate) mod runs;
 mod score;
 mod setup;
 
@@ -31,7 +31,8 @@ use models::Numerals;
 use report::{MethodResult, Points};
 use runs::{Job, Run};
 pub use setup::DemoArgs;
-use setup::{Regime, LR_DISTILL, LR_WARM_UP, METHODS, STUDENT_SHAPE, STUDENT_VOCAB, TEACHER_SHAPE};
+pub(crate) use setup::{Regime, ALPHA, LR_DISTILL};
+use setup::{LR_WARM_UP, METHODS, STUDENT_SHAPE, STUDENT_VOCAB, TEACHER_SHAPE};
 use xtoken_core::audit::{self, AuditOptions};
 use xtoken_core::projection::SparseProjection;
 use xtoken_core::vocab::Vocabulary;

@@ -34,7 +34,7 @@ impl Run<'_> {
     /// questions are a template that teacher and student agree on, so `L_KD` is 10–50× below
     /// `L_CE` (whose value is mostly the names' and phrasings' irreducible entropy), and
     /// `γ = L_CE / L_KD` would weigh KD's gradient by as much; everything else is the default.
-    fn toml(&self) -> String {
+    pub(crate) fn toml(&self) -> String {
         let Run {
             steps, lr, seed, ..
         } = *self;

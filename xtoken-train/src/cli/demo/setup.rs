@@ -116,7 +116,7 @@ impl Regime {
 /// The teacher's weight α of every distilled student: the objective is `L_CE + α L_KD`
 /// (dynamic scaling off, see `runs`), and 2 lets the teacher's odds outweigh the few labels a
 /// student reads.
-pub(super) const ALPHA: f64 = 2.0;
+pub(crate) const ALPHA: f64 = 2.0;
 
 /// The students: name, loss and α (`CE only` is the floor: the same run with α = 0).
 pub(super) const METHODS: [(&str, &str, f64); 5] = [
@@ -131,7 +131,7 @@ pub(super) const METHODS: [(&str, &str, f64); 5] = [
 /// plateau where it answers with the numerals' frequencies (at 3e-3 it stays there for 400
 /// steps); distillation continues from there at 3e-3.
 pub(super) const LR_WARM_UP: f64 = 1e-2;
-pub(super) const LR_DISTILL: f64 = 3e-3;
+pub(crate) const LR_DISTILL: f64 = 3e-3;
 
 /// The student's tokenizer size (it keeps every numeral of the corpus) and the models' shapes
 /// (hidden size, layers).
