@@ -165,10 +165,68 @@ fn reduced_demo_runs_every_method_under_both_teachers_and_is_deterministic() {
         std::fs::read_to_string(dir.join("a/teacher-numerals-init/tokenizer.json")).unwrap();
     assert!(!keeping.contains("individual_digits") && keeping.contains("{1,3}"));
 
-    // Seeded: a second run gives the same numbers.
-    let (second, _) = demo(&dir.join("b"), &STEPS);
-    assert_eq!(first["results"], second["results"]);
+    // Seeded, and each regime on its own: a second run of one regime gives its rows the same
+    // numbers.
+    let mut one = STEPS;
+    one[1] = "digit-splitting";
+    let (second, _) = demo(&dir.join("b"), &one);
+    let digit_rows: Vec<&serde_json::Value> = results
+        .iter()
+        .filter(|r| r["regime"] == "digit-splitting")
+        .collect();
+    let second: Vec<&serde_json::Value> = second["results"].as_array().unwrap().iter().collect();
+    assert_eq!(digit_rows, second);
+    on_policy_bench_runs_on_what_the_demo_left(&dir.join("a"));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `xtoken bench on-policy` on a demo's directory: a student per λ, graded before its first
+/// step and after each; the table, the curves and the JSON written beside, never over, the
+/// demo's files; a directory of another seed refused.
+fn on_policy_bench_runs_on_what_the_demo_left(demo: &Path) {
+    let bench = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_xtoken"))
+            .args(["bench", "on-policy", "--demo"])
+            .arg(demo)
+            .args(["--steps", "2", "--every", "1", "--prompts", "4"])
+            .args(extra)
+            .output()
+            .expect("run xtoken bench on-policy")
+    };
+    let out = bench(&[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("| step | λ = 0 | λ = 0.5 |"), "{stdout}");
+    for step in 0..=2 {
+        assert!(stdout.contains(&format!("\n| {step} | -")), "{stdout}");
+    }
+    let results = demo.join("on-policy");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(results.join("results.json")).unwrap())
+            .unwrap();
+    let runs = json["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["fraction"], 0.5);
+    assert_eq!(runs[1]["gradings"].as_array().unwrap().len(), 3);
+    assert!(std::fs::read_to_string(results.join("grade.svg"))
+        .unwrap()
+        .starts_with("<svg"));
+    let refused = bench(&["--out", demo.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("refusing to write over an input"),
+        "{err}"
+    );
+    let other = bench(&["--seed", "8"]);
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(
+        !other.status.success() && err.contains("was not made with seed 8"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -80,6 +80,12 @@ pub fn run(args: OnPolicyBenchArgs) -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| args.demo.join("on-policy"));
+    let inputs = [
+        ("the demo's training data", &demo.data),
+        ("the demo's warm-up student", &demo.student),
+        ("the teacher", &demo.teacher),
+    ];
+    xtoken_train::paths::refuse_holding(&out, &inputs)?;
     std::fs::create_dir_all(&out)?;
     let data = out.join("train-with-prompts.jsonl");
     write_prompts(&demo.data, &data)?;

@@ -782,6 +782,11 @@ impl RunConfig {
         Ok(accum)
     }
 
+    /// The on-policy settings, when any sequence is drawn on-policy (`fraction` above 0).
+    pub fn on_policy_active(&self) -> Option<&OnPolicyConfig> {
+        self.on_policy.as_ref().filter(|o| o.active())
+    }
+
     /// Teacher `i`'s name.
     pub fn teacher_name(&self, i: usize) -> String {
         let teacher = &self.teachers[i];

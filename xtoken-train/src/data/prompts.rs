@@ -15,9 +15,7 @@ pub fn fields(config: &RunConfig) -> Fields {
     Fields {
         text: config.data.text_field.clone(),
         prompt: config
-            .on_policy
-            .as_ref()
-            .filter(|o| o.active())
+            .on_policy_active()
             .and_then(|o| o.prompt_field.clone()),
     }
 }
@@ -50,7 +48,7 @@ pub struct OnPolicyDraw {
 impl OnPolicyDraw {
     /// The draw `config` asks for; `None` when no sequence is on-policy.
     pub fn of(config: &RunConfig) -> Option<Self> {
-        let on = config.on_policy.as_ref().filter(|o| o.active())?;
+        let on = config.on_policy_active()?;
         Some(OnPolicyDraw {
             fraction: on.fraction,
             seed: config.seed,

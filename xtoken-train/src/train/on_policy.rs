@@ -53,7 +53,7 @@ impl OnPolicy {
         pipeline: Arc<Pipeline>,
         length_multiple: usize,
     ) -> Result<Option<Self>> {
-        let Some(on) = config.on_policy.as_ref().filter(|o| o.active()) else {
+        let Some(on) = config.on_policy_active() else {
             return Ok(None);
         };
         let sampling = Sampling {

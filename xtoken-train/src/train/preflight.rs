@@ -155,7 +155,7 @@ pub fn check(
     };
     let t = &config.training;
     let student = &inputs.student_config.architecture;
-    let on_policy = config.on_policy.clone().filter(|o| o.active()).map(|o| {
+    let on_policy = config.on_policy_active().cloned().map(|o| {
         // Keys and values of every layer for the longest sequence, in f32 at most.
         let positions = (o.prompt_tokens + o.max_new_tokens).min(t.context_length) as u64;
         let per_position =

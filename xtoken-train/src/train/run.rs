@@ -171,7 +171,7 @@ impl<B: TrainBackend> Run<B> {
         let metrics = lead
             .then(|| {
                 let path = config.output_dir.join("metrics.csv");
-                let on_policy = config.on_policy.as_ref().is_some_and(|o| o.active());
+                let on_policy = config.on_policy_active().is_some();
                 MetricsLog::open(&path, &names, on_policy, state.step)
             })
             .transpose()?;
