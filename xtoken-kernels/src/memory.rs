@@ -46,9 +46,17 @@ impl<B: DeviceMemory, C: CheckpointStrategy> DeviceMemory for Autodiff<B, C> {
     }
 }
 
+/// burn's `Wgpu` without fusion (what the alias is without burn's `fusion` feature).
+#[cfg(feature = "wgpu")]
+type PlainWgpu = burn_cubecl::CubeBackend<burn_wgpu::WgpuRuntime, f32, i32, u32>;
+
+/// burn's `Cuda` without fusion.
+#[cfg(feature = "cuda")]
+type PlainCuda = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+
 /// wgpu reports its pools, not the adapter's free memory.
 #[cfg(feature = "wgpu")]
-impl DeviceMemory for burn_wgpu::Wgpu {
+impl DeviceMemory for PlainWgpu {
     fn reserved_bytes(device: &Self::Device) -> Option<u64> {
         use cubecl::Runtime;
         let client = burn_wgpu::WgpuRuntime::client(device);
@@ -61,7 +69,7 @@ impl DeviceMemory for burn_wgpu::Wgpu {
 }
 
 #[cfg(feature = "cuda")]
-impl DeviceMemory for burn_cuda::Cuda {
+impl DeviceMemory for PlainCuda {
     fn reserved_bytes(device: &Self::Device) -> Option<u64> {
         use cubecl::Runtime;
         let client = cubecl::cuda::CudaRuntime::client(device);
@@ -74,6 +82,27 @@ impl DeviceMemory for burn_cuda::Cuda {
 
     fn length_multiple() -> usize {
         CUBE_LENGTH_MULTIPLE
+    }
+}
+
+/// Behind burn's operation fusion (the `Wgpu`/`Cuda` aliases with `fusion`) the device and its
+/// pools are the inner backend's: a build with fusion serves both types.
+#[cfg(feature = "fusion")]
+impl<B> DeviceMemory for burn_fusion::Fusion<B>
+where
+    B: DeviceMemory + burn_fusion::FusionBackend,
+    burn_fusion::Fusion<B>: Backend<Device = B::Device>,
+{
+    fn reserved_bytes(device: &Self::Device) -> Option<u64> {
+        B::reserved_bytes(device)
+    }
+
+    fn free_bytes(device: &Self::Device) -> Option<u64> {
+        B::free_bytes(device)
+    }
+
+    fn length_multiple() -> usize {
+        B::length_multiple()
     }
 }
 

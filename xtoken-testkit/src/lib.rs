@@ -4,8 +4,9 @@
 //! difference computed that way calls NaN logits or gradients "equal". Every function here
 //! panics instead, naming what was compared and the first index that is not finite.
 //! Values are compared in f64, so f32 and f64 sides mix. [`mod@reference`] holds the losses of
-//! one chunk in plain f64.
+//! one chunk in plain f64. [`process::alone`] runs a test in a process of its own.
 
+pub mod process;
 pub mod reference;
 
 /// Unit roundoff of bfloat16 (8 significant bits): rounding to nearest moves a value by at

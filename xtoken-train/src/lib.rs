@@ -4,7 +4,7 @@
 //! over this crate.
 //!
 //! The floor plan, from the ground up; a module uses only those on its own floor or below
-//! (`tests/floor_plan.rs` holds the files to it, and to no circle of imports):
+//! (`tests/it/floor_plan.rs` holds the files to it, and to no circle of imports):
 //!
 //! - the ground: [`error`], [`config`] ([`RunConfig`], one TOML file whose defaults are the
 //!   paper's, and the choices it parses), [`backend`] (the burn backend by name), [`machine`]
