@@ -14,11 +14,7 @@ const ALONE: &str = "XTOKEN_TEST_ALONE";
 /// exactly this test, and requires that run to pass one test; in that child it runs `body`.
 /// A wrong name runs no test in the child and fails here, so the body cannot be skipped.
 pub fn alone(module: &str, name: &str, body: impl FnOnce()) {
-    // libtest names a test by its path below the crate root.
-    let test = match module.split_once("::") {
-        Some((_crate, below)) => format!("{below}::{name}"),
-        None => name.to_string(),
-    };
+    let test = test_path(module, name);
     if std::env::var(ALONE).is_ok_and(|t| t == test) {
         body();
         return;
@@ -43,4 +39,13 @@ pub fn alone(module: &str, name: &str, body: impl FnOnce()) {
         stdout.contains("test result: ok. 1 passed"),
         "{test} did not run in its own process (no test of that name?)"
     );
+}
+
+/// The name libtest gives the test `name` of module `module` (pass `module_path!()`): its path
+/// below the crate root, which a test binary takes as a filter to run that test alone.
+pub fn test_path(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_crate, below)) => format!("{below}::{name}"),
+        None => name.to_string(),
+    }
 }

@@ -116,9 +116,11 @@ fn shapes_of_a_step(kernel: AttentionKernel) -> Vec<Vec<usize>> {
 
 #[test]
 fn a_training_pass_builds_no_scores() {
-    xtoken_testkit::process::alone(module_path!(), "a_training_pass_builds_no_scores", || {
-        a_training_pass_builds_no_scores_alone()
-    });
+    xtoken_testkit::process::alone(
+        module_path!(),
+        "a_training_pass_builds_no_scores",
+        a_training_pass_builds_no_scores_alone,
+    );
 }
 
 /// A recording sees every thread's tensors: no other test may run beside this one.

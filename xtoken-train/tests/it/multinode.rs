@@ -390,12 +390,7 @@ fn exchange_child() {
 fn exchanges_of_every_size_repeat_across_processes() {
     let dir = std::env::temp_dir().join(format!("xtoken-exchange-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    // The child's name as the test binary knows it: its path below the crate root.
-    let child = module_path!()
-        .split_once("::")
-        .map_or("", |(_, m)| m)
-        .to_string()
-        + "::exchange_child";
+    let child = xtoken_testkit::process::test_path(module_path!(), "exchange_child");
     let run = Processes::start(&dir, "exchange", 2, |_| {
         let mut c = Command::new(std::env::current_exe().unwrap());
         c.args([child.as_str(), "--exact", "--ignored", "--nocapture"]);
