@@ -29,8 +29,12 @@ use crate::error::{Context, Error, Result};
 /// reread on resume.
 pub const WINDOW: usize = 1024;
 
-/// Text aligned per batch of the worker threads.
+/// Text aligned per batch of the worker threads, once the stream is under way.
 const BATCH_BYTES: usize = 1 << 20;
+
+/// Text of the first batch: the first step waits for it, and a short run (a smoke test, the
+/// demo's few steps) reads little more; each batch after doubles up to [`BATCH_BYTES`].
+const FIRST_BATCH_BYTES: usize = 8 << 10;
 
 /// Documents in a row without text (a JSON field of `""`) after which the data is refused.
 const BLANK_LIMIT: usize = 100_000;
@@ -354,7 +358,8 @@ pub struct AlignedStream {
 
 impl AlignedStream {
     /// Starts reading `stream` and aligning its documents with `pipeline` on `threads` threads,
-    /// at most `ahead` batches (of about 1 MiB of text) ahead of [`next_doc`](Self::next_doc).
+    /// at most `ahead` batches ahead of [`next_doc`](Self::next_doc): the first of about 8 KiB
+    /// of text, each next one twice as large up to 1 MiB.
     pub fn start(
         pipeline: Arc<Pipeline>,
         mut stream: DocumentStream,
@@ -367,8 +372,10 @@ impl AlignedStream {
             .build()
             .map_err(|e| Error::Run(format!("starting the alignment threads: {e}")))?;
         let mut blank = 0usize;
+        let mut batch_bytes = FIRST_BATCH_BYTES;
         let next = move || {
-            let raw = read_batch(&mut stream)?;
+            let raw = read_batch(&mut stream, batch_bytes)?;
+            batch_bytes = (2 * batch_bytes).min(BATCH_BYTES);
             let read = raw.len();
             let aligned = pool.install(|| align_batch(&pipeline, raw))?;
             blank = if aligned.is_empty() { blank + read } else { 0 };
@@ -399,11 +406,11 @@ impl AlignedStream {
 
 type RawBatch = Vec<(StreamCursor, RawDoc, Arc<TextExtractor>)>;
 
-/// About [`BATCH_BYTES`] of documents (the stream never ends: sources restart their epochs).
-fn read_batch(stream: &mut DocumentStream) -> Result<RawBatch> {
+/// About `size` bytes of documents (the stream never ends: sources restart their epochs).
+fn read_batch(stream: &mut DocumentStream, size: usize) -> Result<RawBatch> {
     let mut batch = Vec::new();
     let mut bytes = 0;
-    while bytes < BATCH_BYTES {
+    while bytes < size {
         let doc = stream.next_doc()?;
         bytes += doc.1.len();
         batch.push(doc);
