@@ -372,10 +372,9 @@ impl AlignedStream {
             .build()
             .map_err(|e| Error::Run(format!("starting the alignment threads: {e}")))?;
         let mut blank = 0usize;
-        let mut batch_bytes = FIRST_BATCH_BYTES;
+        let mut sizes = batch_sizes();
         let next = move || {
-            let raw = read_batch(&mut stream, batch_bytes)?;
-            batch_bytes = (2 * batch_bytes).min(BATCH_BYTES);
+            let raw = read_batch(&mut stream, sizes.next().unwrap_or(BATCH_BYTES))?;
             let read = raw.len();
             let aligned = pool.install(|| align_batch(&pipeline, raw))?;
             blank = if aligned.is_empty() { blank + read } else { 0 };
@@ -405,6 +404,11 @@ impl AlignedStream {
 }
 
 type RawBatch = Vec<(StreamCursor, RawDoc, Arc<TextExtractor>)>;
+
+/// The text of each batch in turn: [`FIRST_BATCH_BYTES`], doubling up to [`BATCH_BYTES`].
+fn batch_sizes() -> impl Iterator<Item = usize> + Send {
+    std::iter::successors(Some(FIRST_BATCH_BYTES), |&b| Some((2 * b).min(BATCH_BYTES)))
+}
 
 /// About `size` bytes of documents (the stream never ends: sources restart their epochs).
 fn read_batch(stream: &mut DocumentStream, size: usize) -> Result<RawBatch> {
@@ -570,6 +574,42 @@ mod tests {
                 "at {i}"
             );
         }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn batches_start_small_and_double_up_to_a_mebibyte() {
+        let sizes: Vec<usize> = batch_sizes().take(9).collect();
+        assert_eq!(sizes[0], 8 << 10);
+        assert_eq!(sizes[7], 1 << 20);
+        assert_eq!(sizes[8], 1 << 20);
+        assert!(
+            sizes.windows(2).take(7).all(|w| w[1] == 2 * w[0]),
+            "{sizes:?}"
+        );
+        // A batch holds the documents in stream order up to the first that reaches its size.
+        let dir = std::env::temp_dir().join(format!("xtoken-batches-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = Source {
+            name: "web".into(),
+            shards: vec![shard(&dir, "a.jsonl", "a", 5000)],
+            weight: 1.0,
+        };
+        let open = || DocumentStream::open(vec![source.clone()], 3, "text", None).unwrap();
+        let batch = read_batch(&mut open(), sizes[0]).unwrap();
+        let lengths: Vec<usize> = batch.iter().map(|(_, raw, _)| raw.len()).collect();
+        let total: usize = lengths.iter().sum();
+        let last = lengths[lengths.len() - 1];
+        assert!(
+            total >= sizes[0] && total - last < sizes[0],
+            "{total} bytes"
+        );
+        let read: Vec<StreamCursor> = batch.iter().map(|(c, _, _)| c.clone()).collect();
+        let expected: Vec<StreamCursor> = take(&mut open(), read.len())
+            .into_iter()
+            .map(|d| d.0)
+            .collect();
+        assert_eq!(read, expected);
         std::fs::remove_dir_all(&dir).ok();
     }
 }
