@@ -208,8 +208,7 @@ pub trait XTokenBackend: Backend {
 }
 
 /// ndarray's f32 logits are already host memory: the kernels read them in place, without the
-/// row copies of the portable path. What they read is the kernel's own work (a cube kernel reads
-/// on the device), so burn-ndarray's count of reads to the host (`reads`) pauses inside them.
+/// row copies of the portable path.
 impl<E, I, Q> XTokenBackend for burn::backend::NdArray<E, I, Q>
 where
     burn::backend::NdArray<E, I, Q>: Backend<FloatTensorPrimitive = NdArrayTensor>,
@@ -220,7 +219,6 @@ where
         logits: FloatTensor<Self>,
         spec: &EntriesSpec,
     ) -> Result<TeacherEntries<Self>, KernelError> {
-        let _kernel = burn::backend::ndarray::reads::Paused::new();
         let Some(src) = ndarray_rows(&logits) else {
             return host::teacher_entries::<Self>(logits, spec);
         };
@@ -240,7 +238,6 @@ where
         spec: &DistillSpec,
         want: GradRequest,
     ) -> Result<LossOutput<Self>, KernelError> {
-        let _kernel = burn::backend::ndarray::reads::Paused::new();
         let Some(src) = ndarray_rows(&logits) else {
             return host::distill::<Self>(logits, teacher, projection, spec, want);
         };
@@ -254,7 +251,6 @@ where
         row_chunk: usize,
         want_grad: bool,
     ) -> Result<LossOutput<Self>, KernelError> {
-        let _kernel = burn::backend::ndarray::reads::Paused::new();
         let Some(src) = ndarray_rows(&logits) else {
             return host::cross_entropy::<Self>(logits, targets, row_chunk, want_grad);
         };
@@ -268,7 +264,6 @@ where
         v: FloatTensor<Self>,
         spec: &attention::AttentionSpec,
     ) -> Result<attention::Attended<Self>, KernelError> {
-        let _kernel = burn::backend::ndarray::reads::Paused::new();
         attention::forward::<Self>(q, k, v, spec)
     }
 
@@ -281,7 +276,6 @@ where
         grad_output: FloatTensor<Self>,
         spec: &attention::AttentionSpec,
     ) -> Result<attention::AttentionGrads<Self>, KernelError> {
-        let _kernel = burn::backend::ndarray::reads::Paused::new();
         attention::backward::<Self>(saved, grad_output, spec)
     }
 }

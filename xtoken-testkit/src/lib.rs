@@ -5,7 +5,11 @@
 //! panics instead, naming what was compared and the first index that is not finite.
 //! Values are compared in f64, so f32 and f64 sides mix. [`mod@reference`] holds the losses of
 //! one chunk in plain f64. [`process::alone`] runs a test in a process of its own.
+//! `backend::Counted` (feature `backend`) is a burn backend as it is, with its reads to the host
+//! counted and the tensors it makes recordable.
 
+#[cfg(feature = "backend")]
+pub mod backend;
 pub mod process;
 pub mod reference;
 

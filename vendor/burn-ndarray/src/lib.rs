@@ -16,11 +16,7 @@ mod element;
 mod ops;
 mod parallel;
 mod rand;
-/// xtoken patch: the count of reads to the host.
-pub mod reads;
 mod sharing;
-/// xtoken patch: a record of the shapes of the tensors made.
-pub mod shapes;
 mod storage;
 mod tensor;
 

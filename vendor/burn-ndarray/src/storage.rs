@@ -107,8 +107,6 @@ impl<E: Element> NdArrayStorage<E> {
     /// Create owned storage from an ArcArray.
     #[inline]
     pub fn from_owned(array: ArcArray<E, IxDyn>) -> Self {
-        // xtoken patch: the shape is recorded while a `shapes::Recording` lives.
-        crate::shapes::note(array.shape());
         Self::Owned(array)
     }
 
@@ -237,8 +235,6 @@ impl<E: Element> NdArrayStorage<E> {
 /// Convert from ArcArray to NdArrayStorage.
 impl<E: Element> From<ArcArray<E, IxDyn>> for NdArrayStorage<E> {
     fn from(array: ArcArray<E, IxDyn>) -> Self {
-        // xtoken patch: the shape is recorded while a `shapes::Recording` lives.
-        crate::shapes::note(array.shape());
         Self::Owned(array)
     }
 }

@@ -7,10 +7,10 @@
 //! only test of a process of its own.
 
 use crate::support::{fixture, training_step, Train};
-use burn::backend::ndarray::shapes::Recording;
 use burn::tensor::backend::Backend;
 use burn::tensor::Element;
 use xtoken_models::{AttentionKernel, LoadOptions, Transformer};
+use xtoken_testkit::backend::{Counted, Recording};
 
 /// A fixture model in `B`'s default float dtype running `kernel`, its sliding window set to
 /// `window` when given.
@@ -106,9 +106,11 @@ fn the_cpu_backends_run_the_tiled_attention_by_default_where_it_is_faster() {
     assert!(!tiled_by_default::<Flex>());
 }
 
-/// The shapes of the tensors a training step makes: the fixtures' batch is 2 × 12 tokens.
+/// The shapes of the tensors a training step makes on ndarray (`Counted` records them): the
+/// fixtures' batch is 2 × 12 tokens.
 fn shapes_of_a_step(kernel: AttentionKernel) -> Vec<Vec<usize>> {
-    let model = model::<Train>("phi3", kernel, Some(5));
+    type Seen = burn::backend::Autodiff<Counted<burn::backend::NdArray>>;
+    let model = model::<Seen>("phi3", kernel, Some(5));
     let recording = Recording::start();
     let _ = training_step(&model, true, false);
     recording.finish()

@@ -9,6 +9,7 @@ use burn::backend::NdArray;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use safetensors::SafeTensors;
 use xtoken_models::{CausalLm, HfConfig, LoadOptions, ModelError, SaveDtype, Tokens, Transformer};
+use xtoken_testkit::backend::{reads, Counted};
 
 type B = NdArray;
 
@@ -304,24 +305,25 @@ fn bf16_parameters_are_refused_where_the_backend_lacks_them() {
 }
 
 /// Ids made on the host are checked there, with the errors the tensor path gives, and the
-/// forward pass on them reads nothing back from the device (burn-ndarray, vendored, counts the
-/// reads); on tensors the check reads them once.
+/// forward pass on them reads nothing back from the device (the test kit's `Counted` backend
+/// counts the reads); on tensors the check reads them once.
 #[test]
 fn tokens_made_on_the_host_are_checked_without_reading_the_device() {
+    type B = Counted<NdArray>;
     let device = Default::default();
     let model = Transformer::<B>::load(&fixture("llama3"), &device).unwrap();
     let ids = [5i64, 9, 2, 7, 1, 3];
     let padding = [false, false, false, false, true, true];
     let tokens = Tokens::<B>::from_host(&ids, Some(&padding), [2, 3], &device).unwrap();
-    let reads = burn::backend::ndarray::reads::count();
+    let before = reads();
     let logits = model.forward_of(&tokens).unwrap();
-    assert_eq!(burn::backend::ndarray::reads::count(), reads);
+    assert_eq!(reads(), before);
     let on_device = Tensor::<B, 2, Int>::from_data(TensorData::new(ids.to_vec(), [2, 3]), &device);
     let mask =
         Tensor::<B, 2, Int>::from_data(TensorData::new(vec![0, 0, 0, 0, 1, 1], [2, 3]), &device)
             .equal_elem(1);
     let read = model.forward(on_device, Some(mask)).unwrap();
-    assert_eq!(burn::backend::ndarray::reads::count(), reads + 1);
+    assert_eq!(reads(), before + 1);
     assert_eq!(logits.into_data(), read.into_data());
 
     let refused = |ids: &[i64], padding: Option<&[bool]>, dims: [usize; 2]| {

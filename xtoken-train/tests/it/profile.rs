@@ -8,6 +8,7 @@ use crate::support;
 use crate::fixture::{bench_train_args, config, fixture, ok, xtoken};
 use burn::backend::{Autodiff, NdArray};
 use serde_json::Value;
+use xtoken_testkit::backend::{reads, Counted};
 use xtoken_train::{Run, RunConfig, RunOptions, Worker};
 
 /// The phases one step of one teacher with a learnable W runs, with the times each runs over
@@ -183,9 +184,9 @@ fn the_gpu_step_script_runs_dry_on_the_cpu() {
     std::fs::remove_dir_all(&work).ok();
 }
 
-/// Every read of tensor data to the host makes a GPU wait for its queue. burn-ndarray (vendored)
-/// counts the reads a thread makes outside the X-Token kernels (whose reads are their own work:
-/// a cube kernel does it on the device). A step of the fixture's run (two micro-batches, a
+/// Every read of tensor data to the host makes a GPU wait for its queue. The test kit's
+/// `Counted` backend counts the reads a thread makes outside the X-Token kernels (whose reads
+/// are their own work: a cube kernel does it on the device). A step of the fixture's run (two micro-batches, a
 /// P-KL teacher with a learnable W and a KL teacher, dynamic scaling) reads once: the loss
 /// values and the gradient norm together, before the weights are touched. Under the paper's
 /// step scope, pass 1's values are read once more, before the backward passes that need them;
@@ -199,9 +200,9 @@ fn a_step_reads_from_the_device_once() {
         let mut run = open_run(&f, scope, ("top_k = 16", &setting));
         let reads: Vec<u64> = (0..3)
             .map(|_| {
-                let before = burn_ndarray::reads::count();
+                let before = reads();
                 run.step().expect("step");
-                burn_ndarray::reads::count() - before
+                reads() - before
             })
             .collect();
         assert_eq!(reads, per_step, "{scope}: reads per step");
@@ -247,7 +248,7 @@ fn open_run(
     f: &fixture::Fixture,
     name: &str,
     (after, setting): (&str, &str),
-) -> Run<Autodiff<NdArray>> {
+) -> Run<Autodiff<Counted<NdArray>>> {
     let path = config(f, name, "");
     let text = std::fs::read_to_string(&path).expect("config");
     let text = text.replace(after, &format!("{after}\n{setting}"));

@@ -37,7 +37,6 @@ where
     }
 
     async fn bool_into_data(tensor: NdArrayTensor) -> Result<TensorData, ExecutionError> {
-        crate::reads::note(); // xtoken patch
         Ok(tensor.into_data())
     }
 

@@ -36,7 +36,6 @@ where
     }
 
     async fn int_into_data(tensor: NdArrayTensor) -> Result<TensorData, ExecutionError> {
-        crate::reads::note(); // xtoken patch
         Ok(tensor.into_data())
     }
 

@@ -210,7 +210,6 @@ where
     }
 
     async fn q_into_data(tensor: QuantizedTensor<Self>) -> Result<TensorData, ExecutionError> {
-        crate::reads::note(); // xtoken patch
         let shape = tensor.qtensor.shape();
         let scales = tensor.qparams.iter().map(|q| q.scales).collect::<Vec<_>>();
         Ok(execute_with_numeric_dtype!(

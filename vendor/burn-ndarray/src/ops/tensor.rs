@@ -80,7 +80,6 @@ where
     }
 
     async fn float_into_data(tensor: FloatTensor<Self>) -> Result<TensorData, ExecutionError> {
-        crate::reads::note(); // xtoken patch
         Ok(tensor.into_data())
     }
 
