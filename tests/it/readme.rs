@@ -1,7 +1,9 @@
 //! README's code is the code that is compiled: its loss snippet is the excerpt of
-//! `examples/own_training_loop.rs` between the `README:begin` and `README:end` markers (cargo
-//! builds the example with the tests; CI runs it), and its library snippet is the last example
-//! of xtoken-train's crate documentation (a doctest).
+//! `examples/downstream/src/own_loop.rs` between the `README:begin` and `README:end` markers
+//! (CI builds and runs that crate, a dependent of xtoken outside its workspace), and its library
+//! snippet is the last example of xtoken-train's crate documentation (a doctest).
+
+use std::collections::{BTreeMap, BTreeSet};
 
 fn read(path: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
@@ -10,7 +12,7 @@ fn read(path: &str) -> String {
 
 #[test]
 fn the_readme_loss_snippet_is_the_compiled_example() {
-    let example = read("examples/own_training_loop.rs");
+    let example = read("examples/downstream/src/own_loop.rs");
     let (begin, end) = ("    // README:begin\n", "    // README:end");
     let start = example.find(begin).expect("the example marks its excerpt") + begin.len();
     let stop = example.find(end).expect("the example ends its excerpt");
@@ -49,5 +51,48 @@ fn the_readme_library_snippet_is_the_crate_doctest() {
     assert!(
         readme.contains(&format!("```rust\n{code}```")),
         "README.md's library snippet differs from the crate's doctest:\n{code}"
+    );
+}
+
+/// The versions in a lock file, by package name.
+fn locked(path: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let text = read(path);
+    let mut packages: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut name = None;
+    for line in text.lines() {
+        if let Some(n) = line.strip_prefix("name = ") {
+            name = Some(n.trim_matches('"').to_string());
+        } else if let (Some(v), Some(n)) = (line.strip_prefix("version = "), name.take()) {
+            packages
+                .entry(n)
+                .or_default()
+                .insert(v.trim_matches('"').to_string());
+        }
+    }
+    packages
+}
+
+/// The downstream crate's lock file pins what the workspace's pins: every package both use is
+/// locked there at a version the workspace locks too (it may hold other crates, and other
+/// versions beside, for burn's default features), so that what CI builds it with is what the
+/// tests test.
+#[test]
+fn the_downstream_crate_locks_the_workspace_versions() {
+    let ours = locked("Cargo.lock");
+    let theirs = locked("examples/downstream/Cargo.lock");
+    assert!(theirs.contains_key("burn-tensor") && theirs.contains_key("xtoken-train"));
+    let differ: Vec<String> = theirs
+        .iter()
+        .filter_map(|(name, versions)| {
+            let locked_here = ours.get(name)?;
+            versions
+                .is_disjoint(locked_here)
+                .then(|| format!("{name} {versions:?} (here {locked_here:?})"))
+        })
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "examples/downstream/Cargo.lock pins other versions than Cargo.lock: {differ:?}; \
+         copy Cargo.lock there and run `cargo tree` in it"
     );
 }

@@ -309,9 +309,53 @@ fn ndarray_rows(t: &NdArrayTensor) -> Option<host::SliceRows<'_>> {
     }
 }
 
-/// burn-flex (the CPU backend with f16 and bf16 tensors) runs the portable host implementation,
-/// which reads its logits of any float dtype a row chunk at a time and accumulates in f32.
+/// burn-flex's contiguous f32 logits are read in place, as ndarray's; its f16 and bf16 logits
+/// (and other layouts) take the portable host implementation, which reads them a row chunk at a
+/// time and accumulates in f32.
 impl XTokenBackend for burn_flex::Flex {
+    fn xt_teacher_entries(
+        logits: FloatTensor<Self>,
+        spec: &EntriesSpec,
+    ) -> Result<TeacherEntries<Self>, KernelError> {
+        let Some(src) = flex_rows(&logits) else {
+            return host::teacher_entries::<Self>(logits, spec);
+        };
+        let found = host::teacher_entries_from(&src, spec)?;
+        let vocab = src.shape()[2];
+        Ok(host::entries_to_device::<Self>(
+            found,
+            vocab,
+            &Default::default(),
+        ))
+    }
+
+    fn xt_distill(
+        logits: FloatTensor<Self>,
+        teacher: TeacherEntries<Self>,
+        projection: Option<ProjectionTensors<Self>>,
+        spec: &DistillSpec,
+        want: GradRequest,
+    ) -> Result<LossOutput<Self>, KernelError> {
+        let Some(src) = flex_rows(&logits) else {
+            return host::distill::<Self>(logits, teacher, projection, spec, want);
+        };
+        let found = host::distill_from::<_, Self>(&src, teacher, projection, spec, want)?;
+        Ok(in_place_output(found, &src))
+    }
+
+    fn xt_cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: &[i32],
+        row_chunk: usize,
+        want_grad: bool,
+    ) -> Result<LossOutput<Self>, KernelError> {
+        let Some(src) = flex_rows(&logits) else {
+            return host::cross_entropy::<Self>(logits, targets, row_chunk, want_grad);
+        };
+        let found = host::cross_entropy_from(&src, targets, row_chunk, want_grad)?;
+        Ok(in_place_output(found, &src))
+    }
+
     fn xt_attention_native() -> bool {
         true
     }
@@ -319,4 +363,16 @@ impl XTokenBackend for burn_flex::Flex {
     fn burn_attention_fused() -> bool {
         true
     }
+}
+
+/// Whether the kernels read these burn-flex logits in place (contiguous f32); other layouts and
+/// dtypes take the portable row copies.
+pub fn flex_reads_in_place(logits: &burn_flex::FlexTensor) -> bool {
+    flex_rows(logits).is_some()
+}
+
+/// The f32 data of a contiguous `[B, T, V]` burn-flex tensor, borrowed.
+fn flex_rows(t: &burn_flex::FlexTensor) -> Option<host::SliceRows<'_>> {
+    let shape = t.layout().shape().to_vec();
+    host::SliceRows::new(t.as_slice::<f32>()?, &shape)
 }

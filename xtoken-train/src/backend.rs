@@ -1,6 +1,6 @@
-//! The backends a run trains on, and the dispatch from a device name to one of them: `cpu`
-//! (burn's ndarray), `flex` (burn-flex: the CPU with f16 and bf16 tensors), `cuda` and `wgpu`
-//! (burn's `CubeBackend`, with the cubecl kernels; cargo features `cuda` and `wgpu`).
+//! The backends a run trains on, and the dispatch from a device name to one of them: `cpu` and
+//! `flex` (burn-flex: `auto` dtypes f32 and bf16), `ndarray` (burn's ndarray), `cuda` and
+//! `wgpu` (burn's `CubeBackend`, with the cubecl kernels; cargo features `cuda` and `wgpu`).
 
 use burn::tensor::backend::AutodiffBackend;
 use xtoken_core::loss::XTokenBackend;
@@ -36,12 +36,12 @@ pub trait OnBackend {
 pub fn on_backend<W: OnBackend>(kind: DeviceKind, indices: &[usize], work: W) -> Result<W::Output> {
     let one_each = |n: usize| n.max(1);
     match kind {
-        DeviceKind::Cpu => work.run::<burn::backend::Autodiff<burn::backend::NdArray>>(
+        DeviceKind::Ndarray => work.run::<burn::backend::Autodiff<burn::backend::NdArray>>(
             (0..one_each(indices.len()))
                 .map(|_| Default::default())
                 .collect(),
         ),
-        DeviceKind::Flex => work.run::<burn::backend::Autodiff<burn_flex::Flex>>(
+        DeviceKind::Cpu | DeviceKind::Flex => work.run::<burn::backend::Autodiff<burn_flex::Flex>>(
             (0..one_each(indices.len()))
                 .map(|_| Default::default())
                 .collect(),
@@ -86,7 +86,7 @@ pub fn on_backend<W: OnBackend>(kind: DeviceKind, indices: &[usize], work: W) ->
 /// would meet when it starts the device, named without starting it.
 pub fn check_available(kind: DeviceKind) -> Result<()> {
     match kind {
-        DeviceKind::Cpu | DeviceKind::Flex => Ok(()),
+        DeviceKind::Cpu | DeviceKind::Flex | DeviceKind::Ndarray => Ok(()),
         #[cfg(feature = "cuda")]
         DeviceKind::Cuda => match xtoken_kernels::device::missing_cuda_driver() {
             Some(missing) => Err(Error::Config(format!("device = \"cuda\": {missing}"))),
@@ -103,12 +103,12 @@ pub fn check_available(kind: DeviceKind) -> Result<()> {
 
 /// Whether tensors of `choice` (the value of the configuration key `key`: parameters or the
 /// compute dtype) can live on the backend `kind`: burn's ndarray holds f32 only, wgpu f32 and
-/// f16, CUDA and burn-flex also bf16. `auto` picks what the backend has.
+/// f16, CUDA and burn-flex (`cpu`, `flex`) also bf16. `auto` picks what the backend has.
 pub fn check_dtype(kind: DeviceKind, choice: Result<DtypeChoice>, key: &str) -> Result<()> {
     let supported: &[DtypeChoice] = match kind {
-        DeviceKind::Cpu => &[DtypeChoice::F32],
+        DeviceKind::Ndarray => &[DtypeChoice::F32],
         DeviceKind::Wgpu => &[DtypeChoice::F32, DtypeChoice::F16],
-        DeviceKind::Cuda | DeviceKind::Flex => {
+        DeviceKind::Cuda | DeviceKind::Flex | DeviceKind::Cpu => {
             &[DtypeChoice::F32, DtypeChoice::F16, DtypeChoice::Bf16]
         }
     };

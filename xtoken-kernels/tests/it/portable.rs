@@ -1,4 +1,4 @@
-//! The in-place ndarray path and the portable path (row chunks copied with `into_data`, which
+//! The in-place paths (ndarray's and burn-flex's f32 logits) and the portable path (row chunks copied with `into_data`, which
 //! every backend gets) give the same targets, loss and gradients; a view the kernels cannot read
 //! in place falls back to the portable path with the same result; and both match an f64
 //! reference written from the losses' definitions.
@@ -11,35 +11,35 @@ use crate::support::{
     teacher_spec, STUDENT_VOCAB, TEACHER_VOCAB,
 };
 use burn::backend::NdArray;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::Tensor;
-use xtoken_kernels::{host, ndarray_reads_in_place, MergePlan, XTokenBackend};
+use xtoken_kernels::{flex_reads_in_place, host, ndarray_reads_in_place, MergePlan, XTokenBackend};
 
 type B = NdArray;
 
 /// The same values as `logits`, as a transposed view (positions vary fastest) that cannot be
 /// read as one contiguous slice.
-fn strided(logits: &Tensor<B, 3>) -> Tensor<B, 3> {
+fn strided<B: XTokenBackend>(logits: &Tensor<B, 3>) -> Tensor<B, 3> {
     let flipped = logits.clone().swap_dims(1, 2).to_data();
     Tensor::<B, 3>::from_data(flipped, &logits.device()).swap_dims(1, 2)
 }
 
 #[test]
 fn portable_and_in_place_paths_agree() {
+    paths_agree::<NdArray>(ndarray_reads_in_place);
+    paths_agree::<burn_flex::Flex>(flex_reads_in_place);
+}
+
+fn paths_agree<B: XTokenBackend>(reads_in_place: fn(&FloatTensor<B>) -> bool) {
     let device = Default::default();
     let (vs, vt) = (support::STUDENT_VOCAB, support::TEACHER_VOCAB);
     let teacher = logits::<B>(1, [2, 6, vt], &device);
     let student = logits::<B>(2, [2, 6, vs], &device);
     // The trait methods below take the in-place path for these tensors, the strided view not.
-    assert!(ndarray_reads_in_place(
-        &teacher.clone().into_primitive().tensor()
-    ));
-    assert!(ndarray_reads_in_place(
-        &student.clone().into_primitive().tensor()
-    ));
+    assert!(reads_in_place(&teacher.clone().into_primitive().tensor()));
+    assert!(reads_in_place(&student.clone().into_primitive().tensor()));
     let view = strided(&student);
-    assert!(!ndarray_reads_in_place(
-        &view.clone().into_primitive().tensor()
-    ));
+    assert!(!reads_in_place(&view.clone().into_primitive().tensor()));
     assert_eq!(view.to_data(), student.to_data());
     let spec = teacher_spec();
     let fast = B::xt_teacher_entries(teacher.clone().into_primitive().tensor(), &spec).unwrap();

@@ -50,7 +50,7 @@ pub struct EvalBenchArgs {
     /// Prompt tokens (the last ones of GSM8k's prompts) in the KV cache comparison.
     #[arg(long, default_value_t = 128)]
     prompt_tokens: usize,
-    #[arg(long, value_enum, default_value_t = DeviceArg::Ndarray)]
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     dtype: DtypeArg,
@@ -62,7 +62,9 @@ pub fn run(args: EvalBenchArgs) -> Result<()> {
     }
     match args.device {
         DeviceArg::Ndarray => run_on::<NdArray>(&args, &Default::default(), "CPU (ndarray)"),
-        DeviceArg::Flex => run_on::<burn_flex::Flex>(&args, &Default::default(), "CPU (flex)"),
+        DeviceArg::Cpu | DeviceArg::Flex => {
+            run_on::<burn_flex::Flex>(&args, &Default::default(), "CPU (flex)")
+        }
         #[cfg(feature = "cuda")]
         DeviceArg::Cuda => run_on::<burn::backend::Cuda>(&args, &Default::default(), "CUDA"),
         #[cfg(not(feature = "cuda"))]

@@ -1,5 +1,5 @@
 //! `xtoken bench exchange`: the time of one all-reduce of a flat f32 tensor between processes
-//! (burn-collective's ring over WebSocket, as `xtoken train` sums a step's gradients across
+//! (xtoken-collective's ring over WebSocket, as `xtoken train` sums a step's gradients across
 //! processes), against two anchors measured in the same run: the same all-reduce between
 //! threads of one process, and one pass over the tensor's memory (`a + b`). Run alone, it starts
 //! its processes on this machine; under torchrun or srun it measures between the processes the

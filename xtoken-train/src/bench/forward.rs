@@ -77,7 +77,7 @@ pub struct ForwardBenchArgs {
     #[arg(long, default_value_t = 2)]
     steps: usize,
     /// Where to run: `ndarray` or `flex` (CPU), or `cuda` in a build with `--features cuda`.
-    #[arg(long, value_enum, default_value_t = DeviceArg::Ndarray)]
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
     /// Parameter dtype (`bf16` and `f16` need a backend that has them: flex, CUDA).
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
@@ -119,8 +119,11 @@ impl AttentionArg {
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DeviceArg {
+    /// The CPU: burn-flex, as `xtoken train --device cpu`.
+    Cpu,
+    /// burn's ndarray, as published (f32 only).
     Ndarray,
-    /// burn-flex: the CPU with f16 and bf16.
+    /// burn-flex: the CPU with f16 and bf16 (the same backend as `cpu`).
     Flex,
     Cuda,
     /// burn's wgpu backend (Vulkan, Metal; Mesa lavapipe on a machine without a GPU).
@@ -140,7 +143,9 @@ pub fn run(args: ForwardBenchArgs) -> Result<()> {
     }
     match args.device {
         DeviceArg::Ndarray => run_on::<NdArray>(&args, &Default::default(), "CPU (ndarray)"),
-        DeviceArg::Flex => run_on::<burn_flex::Flex>(&args, &Default::default(), "CPU (flex)"),
+        DeviceArg::Cpu | DeviceArg::Flex => {
+            run_on::<burn_flex::Flex>(&args, &Default::default(), "CPU (flex)")
+        }
         #[cfg(feature = "cuda")]
         DeviceArg::Cuda => run_on::<burn::backend::Cuda>(&args, &Default::default(), "CUDA"),
         #[cfg(not(feature = "cuda"))]

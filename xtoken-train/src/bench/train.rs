@@ -96,7 +96,7 @@ pub struct TrainBenchArgs {
     /// Steps timed (after one warm-up step).
     #[arg(long, default_value_t = 3)]
     steps: u64,
-    /// `cpu`, `cuda` or `wgpu`.
+    /// `cpu` (burn-flex), `flex`, `ndarray`, `cuda` or `wgpu`.
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Teacher weights' dtype (`auto`: bf16 where the backend has it).

@@ -43,7 +43,7 @@ pub struct EvalArgs {
     /// Documents per task (per subject for MMLU and MATH) at most.
     #[arg(long)]
     limit: Option<usize>,
-    /// Where to run: cpu, cuda or wgpu (cargo features `cuda`, `wgpu`).
+    /// Where to run: cpu (burn-flex), flex, ndarray, cuda or wgpu (cargo features `cuda`, `wgpu`).
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Sequences per forward pass.

@@ -18,7 +18,7 @@ pub struct TrainArgs {
     /// Continue from the newest complete checkpoint in the run directory.
     #[arg(long)]
     pub resume: bool,
-    /// `cpu`, `cuda` or `wgpu` (overrides `device` in the configuration).
+    /// `cpu` (burn-flex), `flex`, `ndarray`, `cuda` or `wgpu` (overrides `device` in the configuration).
     #[arg(long)]
     pub device: Option<String>,
     /// Stop (with a checkpoint) after this step instead of `training.steps`.
@@ -46,7 +46,11 @@ pub struct TrainArgs {
 /// Runs `xtoken train`.
 pub fn run(args: TrainArgs) -> Result<()> {
     let mut config = RunConfig::load(&args.config)?;
-    let kind = args.device.as_deref().unwrap_or(&config.device).parse()?;
+    // The device decides what `auto` dtypes mean (f32 on `cpu`, bf16 on `flex`).
+    if let Some(device) = args.device {
+        config.device = device;
+    }
+    let kind = config.device.parse()?;
     let devices = Devices::placed(kind, args.devices)?;
     let options = RunOptions {
         resume: args.resume,
@@ -57,9 +61,6 @@ pub fn run(args: TrainArgs) -> Result<()> {
         skip_memory_check: false,
     };
     if args.check {
-        if let Some(device) = args.device {
-            config.device = device;
-        }
         let processes = devices.placement.as_ref().map_or(1, |p| p.world);
         let workers = devices.indices.len().max(1) * processes;
         let plan = xtoken_train::train::preflight::check(&config, workers, kind, &options)?;

@@ -1,4 +1,4 @@
-//! Joining a run of several processes: rank 0 starts burn-collective's orchestrator, every rank
+//! Joining a run of several processes: rank 0 starts xtoken-collective's orchestrator, every rank
 //! joins the session, and the node is handed to the workers' all-reduce.
 
 use super::parallel::Nodes;
@@ -6,7 +6,7 @@ use super::placement::Placement;
 use super::session::{Plan, Session, Timeouts};
 use crate::error::{Error, Result};
 
-/// Joins the run `placement` describes as one burn-collective node of `plan.workers` workers:
+/// Joins the run `placement` describes as one xtoken-collective node of `plan.workers` workers:
 /// rank 0 starts the orchestrator on the port after the rendezvous's, then every rank joins the
 /// session. Returns the session and the node as [`crate::cluster::parallel::run_workers`] takes it.
 pub fn join_as_node(
@@ -44,23 +44,23 @@ pub fn free_port_pair() -> Result<u16> {
     ))
 }
 
-/// Refuses: this build has no burn-collective.
+/// Refuses: this build has no xtoken-collective.
 #[cfg(not(feature = "collective"))]
 pub fn start_orchestrator(port: u16) -> Result<()> {
     Err(Error::Parallel(format!(
-        "port {port}: burn-collective's orchestrator needs an xtoken built with `--features \
+        "port {port}: xtoken-collective's orchestrator needs an xtoken built with `--features \
          collective`"
     )))
 }
 
-/// Starts burn-collective's global orchestrator on `port` of this machine (rank 0), on a thread
+/// Starts xtoken-collective's global orchestrator on `port` of this machine (rank 0), on a thread
 /// of its own that lives as long as the process.
 #[cfg(feature = "collective")]
 pub fn start_orchestrator(port: u16) -> Result<()> {
     // The port is checked first: the server reports a port in use only on its own thread.
     std::net::TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
         Error::Parallel(format!(
-            "rank 0 cannot listen on port {port} (MASTER_PORT + 1, burn-collective's \
+            "rank 0 cannot listen on port {port} (MASTER_PORT + 1, xtoken-collective's \
              orchestrator): {e}"
         ))
     })?;
@@ -71,12 +71,12 @@ pub fn start_orchestrator(port: u16) -> Result<()> {
     std::thread::Builder::new()
         .name("xtoken-orchestrator".into())
         .spawn(move || {
-            let served = runtime.block_on(burn_collective::serve_global_orchestrator(
+            let served = runtime.block_on(xtoken_collective::serve_global_orchestrator(
                 port,
                 std::future::pending(),
             ));
             if let Err(e) = served {
-                tracing::error!("burn-collective's orchestrator on port {port} stopped: {e}");
+                tracing::error!("xtoken-collective's orchestrator on port {port} stopped: {e}");
             }
         })?;
     Ok(())

@@ -1,7 +1,7 @@
 //! Workers and processes: the gradient exchange between data-parallel workers ([`parallel`],
-//! through burn-collective), where this process sits in a run of several ([`Placement`], from
+//! through xtoken-collective), where this process sits in a run of several ([`Placement`], from
 //! torchrun's or srun's variables), the session that joins the processes and watches them
-//! ([`Session`]), and [`join_as_node`], which starts burn-collective's orchestrator on rank 0.
+//! ([`Session`]), and [`join_as_node`], which starts xtoken-collective's orchestrator on rank 0.
 //!
 //! It stands on the ground only (`error`); the training stage runs its workers through it.
 

@@ -1,9 +1,9 @@
 //! Data parallelism (feature `collective`): one worker thread per device, each a
-//! burn-collective peer, in one process or in several ([`Nodes`]: one burn-collective node per
+//! xtoken-collective peer, in one process or in several ([`Nodes`]: one xtoken-collective node per
 //! process, on one machine or many). A worker takes rows `rank, rank + workers, …` of
 //! every global batch; after its micro-batches it sums its gradients (student and learnable W,
 //! each micro-batch's loss already weighted by its share of the whole step) and its metric sums
-//! with the others in one `burn::collective::all_reduce` of a flat tensor (a tree over the
+//! with the others in one `xtoken_collective::all_reduce` of a flat tensor (a tree over the
 //! devices, then a ring over the processes), so every worker applies the same update and the
 //! parameters stay identical. Before the backward passes the workers also sum a few numbers:
 //! the step's counts, and its loss values when dynamic scaling or adaptive α is measured once
@@ -11,8 +11,9 @@
 //! compare parameter fingerprints.
 //!
 //! Between processes the flat tensor travels in pieces of at most [`PIECE`] values: burn's
-//! WebSocket transport refuses frames over 512 MiB. The workspace patches burn-collective 0.21
-//! (`vendor/`), whose between-node all-reduce as published hangs at a session's second exchange.
+//! WebSocket transport refuses frames over 512 MiB. The collective is xtoken-collective:
+//! burn-collective 0.21, whose between-node all-reduce as published hangs at a session's second
+//! exchange, with that fixed.
 //!
 //! Not here, and why:
 //! - NCCL DDP (`DistributedBackend`, burn feature `distributed`). It all-reduces marked
@@ -41,14 +42,14 @@ pub const DATA_PARALLEL: bool = cfg!(feature = "collective");
 /// The most values one all-reduce carries (256 MiB of f32).
 pub const PIECE: usize = 1 << 26;
 
-/// The processes of a run of several, each one burn-collective node.
+/// The processes of a run of several, each one xtoken-collective node.
 #[derive(Debug, Clone)]
 pub struct Nodes {
     /// This process's rank.
     pub rank: usize,
     /// Processes in the run.
     pub count: usize,
-    /// burn-collective's orchestrator, `ws://HOST:PORT`.
+    /// xtoken-collective's orchestrator, `ws://HOST:PORT`.
     pub orchestrator: String,
     /// The host the other processes reach this one at.
     pub host: String,
@@ -64,9 +65,9 @@ pub struct Worker {
     pub rank: usize,
     /// Workers in the run.
     pub count: usize,
-    /// Its burn-collective peer when there are several workers.
+    /// Its xtoken-collective peer when there are several workers.
     #[cfg(feature = "collective")]
-    pub peer: Option<burn::collective::PeerId>,
+    pub peer: Option<xtoken_collective::PeerId>,
     /// Where it notes the all-reduces it enters, in a run of several processes.
     pub log: Option<ExchangeLog>,
 }
@@ -224,11 +225,13 @@ where
 
 #[cfg(feature = "collective")]
 mod collective {
-    use burn::collective::{self, AllReduceStrategy, CollectiveConfig, PeerId, ReduceOperation};
     use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
     use burn::optim::GradientsParams;
     use burn::tensor::backend::AutodiffBackend;
     use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+    use xtoken_collective::{
+        self as collective, AllReduceStrategy, CollectiveConfig, PeerId, ReduceOperation,
+    };
     use xtoken_core::loss::pkl::LearnableProjection;
 
     use super::{Exchange, ExchangeLog, Nodes, Summed, Worker, PIECE};
@@ -485,13 +488,13 @@ mod collective {
         let Some(nodes) = nodes else {
             return Ok(config);
         };
-        // A port the system hands out now; burn-collective binds it again when the workers join.
+        // A port the system hands out now; xtoken-collective binds it again when the workers join.
         let port = std::net::TcpListener::bind(("0.0.0.0", 0))?
             .local_addr()?
             .port();
         let address = |text: String| {
             text.parse()
-                .map_err(|e| Error::Parallel(format!("burn-collective address {text}: {e:?}")))
+                .map_err(|e| Error::Parallel(format!("xtoken-collective address {text}: {e:?}")))
         };
         Ok(config
             .with_num_nodes(nodes.count as u32)

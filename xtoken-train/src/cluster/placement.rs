@@ -20,7 +20,7 @@ pub struct Placement {
     pub local_rank: usize,
     /// The host of rank 0, as the other processes reach it.
     pub master: String,
-    /// The rendezvous port on `master`; burn-collective's orchestrator takes the next one.
+    /// The rendezvous port on `master`; xtoken-collective's orchestrator takes the next one.
     pub port: u16,
     /// Which launcher's variables these are (`torchrun` or `srun`), for messages.
     pub launcher: &'static str,
@@ -99,7 +99,7 @@ impl Placement {
         }
         if self.port == u16::MAX {
             return Err(Error::Config(format!(
-                "{}: port {} leaves no port after it for burn-collective's orchestrator",
+                "{}: port {} leaves no port after it for xtoken-collective's orchestrator",
                 self.launcher, self.port
             )));
         }

@@ -39,10 +39,14 @@ impl DtypeChoice {
 /// A device family by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceKind {
-    /// burn's ndarray on the CPU.
+    /// The CPU: burn-flex (gemm matmuls; f32, f16 and bf16 tensors), with `auto` dtypes f32:
+    /// it converts 16-bit values to f32 around each operation, which costs a CPU time.
     Cpu,
-    /// burn-flex on the CPU: f32, f16 and bf16 tensors, gemm matmuls.
+    /// burn-flex with `auto` dtypes bf16: 16-bit numerics on the CPU, for checking them.
     Flex,
+    /// burn's ndarray (f32 only), as published: it copies both operands of every matmul, so
+    /// a large model runs slower than on `cpu` (BENCHMARKS.md).
+    Ndarray,
     /// burn's CUDA backend (cargo feature `cuda`).
     Cuda,
     /// burn's wgpu backend (cargo feature `wgpu`).
@@ -52,7 +56,10 @@ pub enum DeviceKind {
 impl DeviceKind {
     /// Whether the backend's memory is the host's.
     pub fn on_host(self) -> bool {
-        matches!(self, DeviceKind::Cpu | DeviceKind::Flex)
+        matches!(
+            self,
+            DeviceKind::Cpu | DeviceKind::Flex | DeviceKind::Ndarray
+        )
     }
 
     /// The multiple a micro-batch's rows are padded to by default
@@ -60,7 +67,7 @@ impl DeviceKind {
     pub fn length_multiple(self) -> usize {
         match self {
             DeviceKind::Cuda | DeviceKind::Wgpu => xtoken_kernels::memory::CUBE_LENGTH_MULTIPLE,
-            DeviceKind::Cpu | DeviceKind::Flex => 1,
+            DeviceKind::Cpu | DeviceKind::Flex | DeviceKind::Ndarray => 1,
         }
     }
 }
@@ -72,10 +79,11 @@ impl FromStr for DeviceKind {
         match name {
             "cpu" => Ok(DeviceKind::Cpu),
             "flex" => Ok(DeviceKind::Flex),
+            "ndarray" => Ok(DeviceKind::Ndarray),
             "cuda" => Ok(DeviceKind::Cuda),
             "wgpu" => Ok(DeviceKind::Wgpu),
             other => Err(Error::Config(format!(
-                "device = {other:?}: expected \"cpu\", \"flex\", \"cuda\" or \"wgpu\""
+                "device = {other:?}: expected \"cpu\", \"flex\", \"ndarray\", \"cuda\" or \"wgpu\""
             ))),
         }
     }

@@ -51,8 +51,8 @@ pub struct RunConfig {
     /// Seeds the data order and the on-policy draws and samples (nothing else is random).
     #[serde(default = "defaults::seed")]
     pub seed: u64,
-    /// `cpu` (ndarray), `flex` (burn-flex, the CPU with bf16), `cuda` or `wgpu`; `--device`
-    /// overrides it.
+    /// `cpu` (burn-flex, `auto` dtypes f32), `flex` (burn-flex, `auto` dtypes bf16), `ndarray`
+    /// (burn's ndarray), `cuda` or `wgpu`; `--device` overrides it.
     #[serde(default = "defaults::device")]
     pub device: String,
     /// `[student]`.
@@ -817,7 +817,11 @@ impl RunConfig {
                     tokenizer: t.tokenizer.clone().unwrap_or_else(|| t.model.clone()),
                     loss: parse_loss(&format!("teachers[{i}].loss"), &t.loss)?,
                     alpha: t.alpha,
-                    dtype: DtypeChoice::parse(&format!("teachers[{i}].dtype"), &t.dtype, true)?,
+                    dtype: self.on_device(DtypeChoice::parse(
+                        &format!("teachers[{i}].dtype"),
+                        &t.dtype,
+                        true,
+                    )?),
                 })
             })
             .collect()
@@ -838,7 +842,18 @@ impl RunConfig {
 
     /// The dtype of the student's matmuls, attention and logits.
     pub fn compute_dtype(&self) -> Result<DtypeChoice> {
-        DtypeChoice::parse("training.compute_dtype", &self.training.compute_dtype, true)
+        let choice =
+            DtypeChoice::parse("training.compute_dtype", &self.training.compute_dtype, true)?;
+        Ok(self.on_device(choice))
+    }
+
+    /// `auto` is f32 on `device = "cpu"`: burn-flex converts 16-bit values to f32 around each
+    /// operation, which costs a CPU time and saves only memory.
+    fn on_device(&self, choice: DtypeChoice) -> DtypeChoice {
+        match (choice, self.device.parse::<DeviceKind>()) {
+            (DtypeChoice::Auto, Ok(DeviceKind::Cpu)) => DtypeChoice::F32,
+            (choice, _) => choice,
+        }
     }
 
     /// The final student's dtype on disk.

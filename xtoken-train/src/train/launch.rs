@@ -146,7 +146,7 @@ fn train_workers<B: TrainBackend>(
 
 /// One process of a run over several: joins the others, prepares the shared files (rank 0
 /// first, so that a shared file system builds them once), trains its workers as one
-/// burn-collective node, and ends with every process's parameters compared.
+/// xtoken-collective node, and ends with every process's parameters compared.
 fn across_processes<B: TrainBackend>(
     config: RunConfig,
     options: &RunOptions,

@@ -75,11 +75,19 @@ impl MemoryEstimate {
     }
 }
 
-/// Bytes per element of a dtype choice on the backend `kind` (`auto`: bf16 where it has it).
+/// Bytes per element of a dtype choice on the backend `kind` (`auto`: bf16 where it has it, but
+/// f32 on `cpu`).
 fn dtype_bytes(choice: DtypeChoice, kind: DeviceKind) -> u64 {
     match choice {
         DtypeChoice::F32 => 4,
-        DtypeChoice::Auto if matches!(kind, DeviceKind::Cpu | DeviceKind::Wgpu) => 4,
+        DtypeChoice::Auto
+            if matches!(
+                kind,
+                DeviceKind::Cpu | DeviceKind::Ndarray | DeviceKind::Wgpu
+            ) =>
+        {
+            4
+        }
         _ => 2,
     }
 }

@@ -1,4 +1,4 @@
-//! Data-parallel training through burn-collective, two workers on CPU (feature `collective`).
+//! Data-parallel training through xtoken-collective, two workers on CPU (feature `collective`).
 #![cfg(feature = "collective")]
 
 use crate::fixture::*;

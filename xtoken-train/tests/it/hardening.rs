@@ -335,8 +335,9 @@ fn check_names_every_failure() {
     std::fs::write(&empty, "").unwrap();
     std::fs::write(f.dir.0.join("taken"), "a file").unwrap();
     let path = config(&f, "taken", "");
-    let text = std::fs::read_to_string(&path)
-        .unwrap()
+    // burn's ndarray, which holds f32 only.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = format!("device = \"ndarray\"\n{text}")
         .replace("loss = \"auto\"", "loss = \"kl\"")
         .replace(f.data.to_str().unwrap(), empty.to_str().unwrap())
         .replace("steps = 6\n", "steps = 6\ncompute_dtype = \"bf16\"\n")
@@ -354,7 +355,7 @@ fn check_names_every_failure() {
     for expect in [
         "output_dir = ",
         "student.dtype = \"bf16\"",
-        "training.compute_dtype = \"bf16\": the cpu backend has no bf16 tensors (it has f32)",
+        "training.compute_dtype = \"bf16\": the ndarray backend has no bf16 tensors (it has f32)",
         "teachers[0].loss = \"kl\"",
         "no document in its 1 shard(s)",
     ] {

@@ -1,6 +1,6 @@
 //! Training across processes on localhost, as torchrun starts them (feature `collective`): the
-//! processes join over TCP, exchange through burn-collective's between-node all-reduce (the
-//! workspace's patched copy), and must end where one worker on the combined batch ends; a
+//! processes join over TCP, exchange through xtoken-collective's between-node all-reduce
+//! (burn-collective 0.21's, fixed), and must end where one worker on the combined batch ends; a
 //! process that dies ends the others with an error naming it.
 #![cfg(feature = "collective")]
 
@@ -385,7 +385,7 @@ fn exchange_child() {
 
 /// Thirty all-reduces of changing sizes between two processes, each checked. burn-collective
 /// 0.21 as published reused its transfer ids and barrier state, so its second between-node
-/// all-reduce hung (tracel-ai/burn#4549); `vendor/burn-collective` gives each its own.
+/// all-reduce hung (tracel-ai/burn#4549); xtoken-collective gives each its own.
 #[test]
 fn exchanges_of_every_size_repeat_across_processes() {
     let dir = std::env::temp_dir().join(format!("xtoken-exchange-{}", std::process::id()));

@@ -24,7 +24,7 @@ pub struct Run<'a> {
     pub data: &'a Path,
     /// Seeds the batches (the same for every student).
     pub seed: u64,
-    /// `cpu` or `flex`.
+    /// `cpu`, `flex` or `ndarray`.
     pub device: &'a str,
 }
 

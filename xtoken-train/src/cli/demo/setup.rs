@@ -51,8 +51,8 @@ pub struct DemoArgs {
         default_value = "digit-splitting,numeral-keeping"
     )]
     pub(super) regimes: Vec<Regime>,
-    /// The CPU backend that trains: `cpu` (burn-ndarray) or `flex` (burn-flex, which computes
-    /// in bf16 by `training.compute_dtype`'s default).
+    /// The CPU backend that trains: `cpu` (burn-flex in f32), `flex` (burn-flex, which computes
+    /// in bf16 by `training.compute_dtype`'s default) or `ndarray` (burn's ndarray).
     #[arg(long, default_value = "cpu")]
     pub(super) device: String,
 }
@@ -157,9 +157,9 @@ impl DemoArgs {
         if self.regimes.is_empty() {
             bail!("--regimes names no regime");
         }
-        if !["cpu", "flex"].contains(&self.device.as_str()) {
+        if !["cpu", "flex", "ndarray"].contains(&self.device.as_str()) {
             bail!(
-                "--device {:?}: the demo trains on the CPU, with `cpu` or `flex`",
+                "--device {:?}: the demo trains on the CPU, with `cpu`, `flex` or `ndarray`",
                 self.device
             );
         }
