@@ -77,10 +77,20 @@ impl Drop for Temporary {
 
 fn remove(path: &Path) {
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path).ok(),
-        Ok(_) => std::fs::remove_file(path).ok(),
-        Err(_) => None,
-    };
+        // Another thread may still be writing into it: try again when that left it non-empty.
+        Ok(m) if m.is_dir() => {
+            for _ in 0..5 {
+                if std::fs::remove_dir_all(path).is_ok() || !path.exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        Ok(_) => {
+            std::fs::remove_file(path).ok();
+        }
+        Err(_) => {}
+    }
 }
 
 /// The entries an operation adds to a directory, removed when the guard drops before
@@ -145,6 +155,20 @@ impl Drop for NewEntries {
 /// Removes every temporary alive in this process (for an interrupt handler, which exits next).
 pub fn remove_all() {
     let list = std::mem::take(&mut *registry());
+    for path in list {
+        remove(&path);
+    }
+}
+
+/// [`remove_all`] for a process ending from inside an allocation (out of memory): when the
+/// registry is locked at that moment (by the allocating thread itself, perhaps), nothing is
+/// removed rather than waiting forever.
+pub fn remove_all_unless_busy() {
+    let list = match REGISTRY.try_lock() {
+        Ok(mut list) => std::mem::take(&mut *list),
+        Err(std::sync::TryLockError::Poisoned(p)) => std::mem::take(&mut *p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
     for path in list {
         remove(&path);
     }

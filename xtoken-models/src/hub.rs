@@ -45,6 +45,9 @@ struct RandomSource {
 
 /// splitmix64's increment: its `k`-th draw after state `s` is `mix(s + k · GOLDEN)`, so any draw
 /// can be computed without the ones before it.
+/// The `config.json` field that names the xtoken version that wrote a model directory.
+pub const WRITER_FIELD: &str = "xtoken_version";
+
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 fn mix(mut z: u64) -> u64 {
@@ -138,6 +141,8 @@ impl<B: Backend> Transformer<B> {
 
     /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), with HF's
     /// tensor names and layouts, in `dtype`. Each file is written to a temporary name first.
+    /// `config.json` records the writer in [`WRITER_FIELD`] (as transformers records its own
+    /// version), so that a later command knows the directory as one xtoken wrote.
     pub fn save(&self, dir: &Path, dtype: SaveDtype) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         let mut config = self
@@ -147,6 +152,7 @@ impl<B: Backend> Transformer<B> {
         if let Some(fields) = config.as_object_mut() {
             fields.remove("dtype");
             fields.insert("torch_dtype".into(), dtype.torch_name().into());
+            fields.insert(WRITER_FIELD.into(), env!("CARGO_PKG_VERSION").into());
         }
         write_safetensors(&dir.join(SINGLE_FILE), self.pending_tensors(), dtype)?;
         let text = serde_json::to_string_pretty(&config).map_err(|source| ModelError::Json {

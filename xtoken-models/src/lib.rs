@@ -38,7 +38,7 @@ pub use checkpoint::SaveDtype;
 pub use config::{Architecture, Family, HfConfig};
 pub use error::{ModelError, Result};
 pub use generate::Decoding;
-pub use hub::LoadOptions;
+pub use hub::{LoadOptions, WRITER_FIELD};
 pub use masking::{AttentionKernel, Masking};
 pub use model::Transformer;
 pub use recompute::Backward;

@@ -4,12 +4,14 @@
 //! difference computed that way calls NaN logits or gradients "equal". Every function here
 //! panics instead, naming what was compared and the first index that is not finite.
 //! Values are compared in f64, so f32 and f64 sides mix. [`mod@reference`] holds the losses of
-//! one chunk in plain f64. [`process::alone`] runs a test in a process of its own.
+//! one chunk in plain f64. [`process::alone`] runs a test in a process of its own;
+//! [`files::snapshot`] records a directory to see what a command changed in it.
 //! `backend::Counted` (feature `backend`) is a burn backend as it is, with its reads to the host
 //! counted and the tensors it makes recordable.
 
 #[cfg(feature = "backend")]
 pub mod backend;
+pub mod files;
 pub mod process;
 pub mod reference;
 

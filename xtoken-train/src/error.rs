@@ -38,6 +38,10 @@ pub enum Error {
     /// From reading or writing JSON.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+    /// Several problems found together (by `train --check`, or reading a run's inputs), each
+    /// of which stops the run.
+    #[error("{} problems, each of which stops the run before its first step:\n  - {}", .0.len(), .0.join("\n  - "))]
+    Several(Vec<String>),
     /// What was being done when `source` happened.
     #[error("{context}")]
     Context {
@@ -67,6 +71,48 @@ impl Error {
             source = cause.source();
         }
         text
+    }
+}
+
+/// The failures of checks that all run, each kept as its report; a success's value is kept.
+#[derive(Debug, Default)]
+pub struct Failures(Vec<String>);
+
+impl Failures {
+    /// Keeps a failure (each of several ones, flattened); the value of a success.
+    pub fn note<T>(&mut self, result: Result<T>) -> Option<T> {
+        match result {
+            Ok(value) => Some(value),
+            Err(Error::Several(list)) => {
+                self.0.extend(list);
+                None
+            }
+            Err(e) => {
+                self.0.push(e.report());
+                None
+            }
+        }
+    }
+
+    /// Whether every check so far passed.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The one failure, or all of them.
+    pub fn into_error(self) -> Error {
+        match <[String; 1]>::try_from(self.0) {
+            Ok([one]) => Error::Config(one),
+            Err(many) => Error::Several(many),
+        }
+    }
+
+    /// `value` when nothing failed.
+    pub fn or_value<T>(self, value: T) -> Result<T> {
+        match self.is_empty() {
+            true => Ok(value),
+            false => Err(self.into_error()),
+        }
     }
 }
 

@@ -8,7 +8,8 @@
 //!
 //! - the ground: [`error`], [`config`] ([`RunConfig`], one TOML file whose defaults are the
 //!   paper's, and the choices it parses), [`backend`] (the burn backend by name), [`machine`]
-//!   (the host's memory), [`paths`] (outputs never replace inputs);
+//!   (the host's memory), [`paths`] (files compared by identity), [`output`] (the one rule every
+//!   output follows: it never replaces or removes an input or a file of the user's);
 //! - [`data`]: documents read, tokenized and aligned, packed into rows, laid out as
 //!   micro-batches with their chunk plans, on a background loader;
 //! - [`cluster`]: workers and processes: the gradient exchange ([`cluster::parallel`]), where a
@@ -64,6 +65,7 @@ pub mod error;
 pub mod harness;
 pub mod machine;
 pub mod observe;
+pub mod output;
 pub mod paths;
 pub mod train;
 

@@ -41,6 +41,27 @@ pub fn reset_peak_resident() -> Option<u64> {
     status_bytes("VmRSS:")
 }
 
+/// The longest document aligned so far in this process (where it is, and its bytes), when one
+/// was longer than a piece of the alignment: a document is held whole once aligned, so that
+/// an out-of-memory ending can name it.
+static LONGEST_DOCUMENT: std::sync::Mutex<Option<(String, usize)>> = std::sync::Mutex::new(None);
+
+/// Notes a long document being aligned (`place`: its file and line).
+pub fn note_long_document(place: impl FnOnce() -> String, bytes: usize) {
+    let mut longest = LONGEST_DOCUMENT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if longest.as_ref().is_none_or(|(_, b)| bytes > *b) {
+        *longest = Some((place(), bytes));
+    }
+}
+
+/// The longest document [`note_long_document`] saw; `None` also when another thread holds the
+/// record now (this is read while a process ends).
+pub fn longest_document() -> Option<(String, usize)> {
+    LONGEST_DOCUMENT.try_lock().ok()?.clone()
+}
+
 /// Refuses work that needs `need` bytes of host memory when less is available; `what` names
 /// the work and `hint` says what to change.
 pub fn check_fits(what: &str, need: u64, hint: &str) -> Result<()> {

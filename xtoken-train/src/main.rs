@@ -4,6 +4,8 @@
 
 mod bench;
 mod cli;
+#[cfg(test)]
+mod every_output;
 
 #[global_allocator]
 static ALLOCATOR: bench::alloc::Counting = bench::alloc::Counting;
@@ -24,20 +26,7 @@ fn main() -> ExitCode {
     }
     init_logging();
     remove_temporaries_on_interrupt();
-    let result = match Cli::parse().command {
-        Command::Demo(args) => cli::demo::run(args),
-        Command::Train(args) => cli::train::run(args),
-        Command::Projection(command) => cli::projection::run(command),
-        Command::Audit(args) => cli::audit::run(args),
-        Command::Align(args) => cli::align::run(args),
-        Command::Cache(command) => cli::align::cache(command),
-        Command::Logits(args) => cli::models::logits(args),
-        Command::Convert(args) => cli::models::convert(args),
-        Command::Export(args) => cli::models::export(args),
-        Command::Eval(args) => cli::eval::run(args),
-        Command::Bench(command) => bench::run(command),
-    };
-    match result {
+    match dispatch(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         // The reader of our output went away (`xtoken … | head`): nothing left to say.
         Err(e)
@@ -49,9 +38,28 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
+            // What an error left under a temporary name goes, as on Ctrl-C.
+            xtoken_core::temporary::remove_all();
             eprintln!("error: {}", report(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs a command.
+fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Demo(args) => cli::demo::run(args),
+        Command::Train(args) => cli::train::run(args),
+        Command::Projection(command) => cli::projection::run(command),
+        Command::Audit(args) => cli::audit::run(args),
+        Command::Align(args) => cli::align::run(args),
+        Command::Cache(command) => cli::align::cache(command),
+        Command::Logits(args) => cli::models::logits(args),
+        Command::Convert(args) => cli::models::convert(args),
+        Command::Export(args) => cli::models::export(args),
+        Command::Eval(args) => cli::eval::run(args),
+        Command::Bench(command) => bench::run(command),
     }
 }
 

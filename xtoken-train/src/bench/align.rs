@@ -8,6 +8,7 @@ use anyhow::Result;
 use clap::Args;
 use xtoken_train::config::DataFormat;
 use xtoken_train::data::{align_file, FileJob, Pipeline};
+use xtoken_train::output::{claim_work_dir, Inputs};
 
 use super::{corpora, median};
 use crate::cli::align::AlignParamArgs;
@@ -61,7 +62,10 @@ pub fn run(args: AlignBenchArgs) -> Result<()> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    std::fs::create_dir_all(&args.work_dir)?;
+    let inputs = Inputs::new()
+        .tokenizer("the student tokenizer", &args.student)
+        .tokenizer("the teacher tokenizer", &args.teacher);
+    claim_work_dir(&inputs, &args.work_dir, "xtoken bench align")?;
     println!(
         "xtoken align: {} → {} · {} threads end to end · band {} bytes · {} runs, median\n",
         args.student.display(),

@@ -69,29 +69,46 @@ impl Write for Fixed {
 }
 
 /// Ends the process: the heap reached `now` bytes with an allocation of `bytes`, past the cap.
-/// Nothing here allocates or takes a lock.
+/// The message is written without allocating or taking a lock; the cleanup after it allocates
+/// (unchecked once `ENDING` is set) and takes no lock it would wait for.
 fn over_cap(now: usize, bytes: usize) -> ! {
     let mut message = Fixed {
         buffer: [0; 512],
         len: 0,
     };
     let gb = |b: usize| b as f64 / 1e9;
+    let (size, unit) = match bytes {
+        b if b >= 1 << 30 => (b as f64 / 1e9, "GB"),
+        b if b >= 1 << 20 => (b as f64 / 1e6, "MB"),
+        b => (b as f64 / 1e3, "kB"),
+    };
     let _ = writeln!(
         message,
-        "error: out of memory: an allocation of {:.3} GB brings the heap to {:.3} GB, past the \
-         {:.3} GB cap {} sets; lower training.micro_batch or training.context_length (see \
-         `xtoken train --check`)",
-        gb(bytes),
+        "error: out of memory: an allocation of {size:.1} {unit} brings the heap to {:.3} GB, \
+         past the {:.3} GB cap {} sets; lower training.micro_batch or training.context_length \
+         (see `xtoken train --check`)",
         gb(now),
         gb(CAP.load(Ordering::Relaxed)),
         xtoken_train::train::memory::CAP_VARIABLE
     );
     // SAFETY: a plain write(2) of an initialized buffer to standard error (no lock, no
-    // allocation); `_exit` then ends the process at once, running no handler that could allocate.
+    // allocation).
     unsafe {
         libc::write(2, message.buffer.as_ptr().cast(), message.len);
-        libc::_exit(1)
     }
+    // Allocations go through unchecked from here (`ENDING`): the longest document can be named.
+    if let Some((place, bytes)) = xtoken_train::machine::longest_document() {
+        eprintln!(
+            "  the longest document aligned was {:.1} MB ({place}): a document is held whole once \
+             aligned, so split it into smaller records or leave it out",
+            bytes as f64 / 1e6
+        );
+    }
+    // What Ctrl-C removes goes here too (a checkpoint being saved, the run's lock): `ENDING` lets
+    // the allocations this makes through, and a registry locked by this very thread is skipped.
+    xtoken_core::temporary::remove_all_unless_busy();
+    // SAFETY: `_exit` ends the process at once, running no handler that could allocate.
+    unsafe { libc::_exit(1) }
 }
 
 fn shrank(bytes: usize) {

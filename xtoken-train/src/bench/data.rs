@@ -19,6 +19,7 @@ use xtoken_train::data::{
     Pipeline, StepPlan,
 };
 use xtoken_train::machine;
+use xtoken_train::output::{claim_work_dir, Inputs};
 
 use super::corpora;
 
@@ -73,6 +74,11 @@ pub fn run(args: DataBenchArgs) -> Result<()> {
     if args.seconds <= 0.0 || args.batch == 0 || args.context < 2 {
         anyhow::bail!("--seconds, --batch and --context must be positive (context ≥ 2)");
     }
+    let mut inputs = Inputs::new().tokenizer("the student tokenizer", &args.student);
+    for teacher in &args.teachers {
+        inputs = inputs.tokenizer("a teacher tokenizer", teacher);
+    }
+    claim_work_dir(&inputs, &args.work_dir, "xtoken bench data")?;
     let corpus = ensure_corpus(&args)?;
     let data = DataConfig {
         path: DataPaths::One(corpus.clone()),

@@ -20,6 +20,7 @@ use xtoken_train::config::DeviceKind;
 use xtoken_train::data::rng::mix;
 use xtoken_train::data::{Pipeline, Prompt};
 use xtoken_train::observe::metrics::line_chart;
+use xtoken_train::output::{claim_work_dir, Inputs, Own};
 use xtoken_train::train::on_policy::{grade, Grade};
 use xtoken_train::{Run, RunConfig, RunOptions};
 
@@ -75,18 +76,18 @@ type MeanCurve = Vec<(u64, f64, f64)>;
 
 /// Runs the comparison.
 pub fn run(args: OnPolicyBenchArgs) -> Result<()> {
-    let demo = Demo::find(&args)?;
+    let demo = Demo::at(&args);
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| args.demo.join("on-policy"));
-    let inputs = [
-        ("the demo's training data", &demo.data),
-        ("the demo's warm-up student", &demo.student),
-        ("the teacher", &demo.teacher),
-    ];
-    xtoken_train::paths::refuse_holding(&out, &inputs)?;
-    std::fs::create_dir_all(&out)?;
+    let inputs = Inputs::new()
+        .with("the demo's training data", &demo.data)
+        .with("the demo's warm-up student", &demo.student)
+        .with("the teacher", &demo.teacher);
+    inputs.check(&out, &Own::WorkDir)?;
+    demo.verify(&args)?;
+    claim_work_dir(&inputs, &out, "xtoken bench on-policy")?;
     let data = out.join("train-with-prompts.jsonl");
     write_prompts(&demo.data, &data)?;
     let pipeline = Pipeline::load(
@@ -141,18 +142,23 @@ struct Demo {
 }
 
 impl Demo {
-    /// The demo's files, checked to be there and to be of `args.seed`'s world.
-    fn find(args: &OnPolicyBenchArgs) -> Result<Self> {
+    /// Where the demo's files are.
+    fn at(args: &OnPolicyBenchArgs) -> Self {
         let dir = &args.demo;
-        let demo = Demo {
+        Demo {
             data: dir.join("train.jsonl"),
             student: dir.join("runs/warm-up/student"),
             teacher: dir
                 .join("runs")
                 .join(args.regime.name())
                 .join("teacher/student"),
-        };
-        for path in [&demo.data, &demo.student, &demo.teacher] {
+        }
+    }
+
+    /// Checks that the demo directory holds what the benchmark reads, made with `args.seed`.
+    fn verify(&self, args: &OnPolicyBenchArgs) -> Result<()> {
+        let dir = &args.demo;
+        for path in [&self.data, &self.student, &self.teacher] {
             if !path.exists() {
                 bail!(
                     "{}: missing; run `xtoken demo --out {}` first (with this teacher's regime)",
@@ -175,7 +181,7 @@ impl Demo {
                 args.seed
             );
         }
-        Ok(demo)
+        Ok(())
     }
 }
 

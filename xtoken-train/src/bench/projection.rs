@@ -9,7 +9,8 @@ use clap::Args;
 use xtoken_core::projection::SparseProjection;
 
 use super::median;
-use crate::cli::{PairArgs, ParamArgs};
+use crate::cli::{PairArgs, ParamArgs, OWN_W};
+use xtoken_train::output::write_file;
 
 /// Arguments of `xtoken bench projection`.
 #[derive(Args)]
@@ -38,7 +39,7 @@ fn one_run(args: &ProjectionBenchArgs) -> Result<Stages> {
     let load = start.elapsed();
     let (w, _) = SparseProjection::build(&student, &teacher, args.params.params())?;
     let build = start.elapsed() - load;
-    w.save(&args.out)?;
+    write_file(&args.out, |tmp| Ok(w.save(tmp)?))?;
     let save = start.elapsed() - load - build;
     Ok(Stages { load, build, save })
 }
@@ -48,6 +49,7 @@ pub fn run(args: ProjectionBenchArgs) -> Result<()> {
     if args.runs == 0 {
         anyhow::bail!("--runs must be at least 1");
     }
+    args.pair.inputs().check(&args.out, &OWN_W)?;
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }

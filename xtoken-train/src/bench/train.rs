@@ -18,6 +18,7 @@ use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
 use xtoken_train::cluster::parallel::Worker;
 use xtoken_train::config::DeviceKind;
 use xtoken_train::observe::profile::{self, HostMemory, Phase, StepProfile};
+use xtoken_train::output::{claim_work_dir, json_has, write_file, Inputs, Own};
 use xtoken_train::{Run, RunConfig, RunOptions};
 
 use super::alloc;
@@ -192,6 +193,12 @@ fn corpus(docs: usize) -> String {
     out
 }
 
+/// `--json`: a JSON object with this benchmark's `runs`.
+const OWN_JSON: Own<'static> = Own::File {
+    what: "the JSON of `xtoken bench train`",
+    is_own: |path| json_has(path, &["runs", "teacher_dtype"]),
+};
+
 /// The file that says which random model a work directory's model folder holds.
 const MADE: &str = "xtoken-bench-model.json";
 
@@ -265,7 +272,14 @@ fn cubecl_setup(profile: bool, work: &Path) {
 pub fn run(args: TrainBenchArgs) -> Result<()> {
     alloc::enable();
     let work = args.work_dir_or_temp();
-    std::fs::create_dir_all(&work)?;
+    let inputs = Inputs::new()
+        .tokenizer("the student tokenizer", &args.student_tokenizer)
+        .tokenizer("the teacher tokenizer", &args.teacher_tokenizer);
+    if let Some(json) = &args.json {
+        inputs.check(json, &OWN_JSON)?;
+        Inputs::new().with("the --json file", json).refuse(&work)?;
+    }
+    claim_work_dir(&inputs, &work, "xtoken bench train")?;
     let kind: DeviceKind = args.device.parse()?;
     if !kind.on_host() {
         cubecl_setup(args.profile, &work);
@@ -311,7 +325,8 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
         let mut report = report(&args, &rows);
         report["model_seconds"] = serde_json::json!({"student": made[0], "teacher": made[1]});
         let json = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        write_file(path, |tmp| Ok(std::fs::write(tmp, json)?))
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     if args.work_dir.is_none() {
         std::fs::remove_dir_all(&work).ok();

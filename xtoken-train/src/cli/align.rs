@@ -12,7 +12,19 @@ use xtoken_core::cache::{AlignCache, TokenizerRecord};
 use xtoken_core::vocab::Vocabulary;
 use xtoken_train::config::DataFormat;
 use xtoken_train::data::{align_file, load_tokenizers, AlignedText, FileJob, Pipeline};
-use xtoken_train::paths::{refuse_overwriting, tokenizer_files};
+use xtoken_train::output::{Inputs, Own};
+
+/// An alignment cache: a file that starts with the cache's magic bytes.
+const OWN_CACHE: Own<'static> = Own::File {
+    what: "an alignment cache",
+    is_own: |path| {
+        let mut magic = [0u8; 8];
+        std::fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .is_ok()
+            && &magic == b"XTKALIGN"
+    },
+};
 
 /// Scores and band of the alignment DP (defaults: the paper's).
 #[derive(Args, Clone)]
@@ -86,17 +98,14 @@ pub struct AlignArgs {
 /// Runs `xtoken align`.
 pub fn run(args: AlignArgs) -> Result<()> {
     if let Some(out) = &args.out {
-        let mut inputs: Vec<(&str, PathBuf)> = tokenizer_files(&args.student)
-            .into_iter()
-            .map(|p| ("the student tokenizer", p))
-            .collect();
+        let mut inputs = Inputs::new().tokenizer("the student tokenizer", &args.student);
         for teacher in &args.teacher {
-            inputs.extend(tokenizer_files(teacher).map(|p| ("a teacher tokenizer", p)));
+            inputs = inputs.tokenizer("a teacher tokenizer", teacher);
         }
         if let Some(input) = &args.input {
-            inputs.push(("the --input data", input.clone()));
+            inputs.add("the --input data", input);
         }
-        refuse_overwriting(out, &inputs)?;
+        inputs.check(out, &OWN_CACHE)?;
     }
     let pipeline = Pipeline::load(&args.student, &args.teacher, args.params.params())?;
     match (&args.text, &args.input) {

@@ -3,13 +3,15 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
 use xtoken_train::config::DeviceKind;
 use xtoken_train::harness::model::Scorable;
+use xtoken_train::harness::report::Report;
 use xtoken_train::harness::task::PromptSettings;
 use xtoken_train::harness::{evaluate, tasks};
+use xtoken_train::output::{json_has, write_dir, Inputs, Names, Own};
 use xtoken_train::train::export::load_for_eval;
 
 use super::models::DtypeArg;
@@ -70,41 +72,77 @@ pub struct EvalArgs {
     log_samples: bool,
 }
 
+/// What `--out` holds: the results and the samples' records.
+fn own() -> Own<'static> {
+    Own::Dir {
+        what: "an evaluation",
+        names: Names::of(["results.md", "results.json"]).pattern("samples_", ".jsonl"),
+        signature: "results.json",
+        signed: |path| json_has(path, &["tasks", "average"]),
+    }
+}
+
 pub fn run(args: EvalArgs) -> Result<()> {
     let kind: DeviceKind = args.device.parse()?;
-    let tasks = args
-        .tasks
-        .iter()
-        .map(|name| tasks::named(name.trim()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let report = on_backend(
-        kind,
-        &[],
-        Work {
-            args: args.clone(),
-            tasks,
-        },
-    )?;
-    let markdown = report.markdown();
-    let json = serde_json::to_string_pretty(&report)?;
-    if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(dir.join("results.md"), &markdown)
-            .with_context(|| format!("writing {}", dir.join("results.md").display()))?;
-        std::fs::write(dir.join("results.json"), &json)
-            .with_context(|| format!("writing {}", dir.join("results.json").display()))?;
+    let mut names: Vec<&str> = Vec::new();
+    for name in args.tasks.iter().map(|n| n.trim()) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
     }
-    println!("{}", if args.json { json } else { markdown });
+    let tasks = names
+        .into_iter()
+        .map(tasks::named)
+        .collect::<Result<Vec<_>, _>>()?;
+    let evaluate = |samples: Option<PathBuf>| {
+        let args = args.clone();
+        on_backend(
+            kind,
+            &[],
+            Work {
+                args,
+                tasks,
+                samples,
+            },
+        )
+    };
+    let Some(out) = args.out.clone() else {
+        return print(&args, &evaluate(None)?);
+    };
+    let mut inputs = Inputs::new()
+        .with("the --model", &args.model)
+        .with("the --data directory", &args.data);
+    if let Some(config) = &args.config {
+        inputs.add("the --config file", config);
+    }
+    inputs.check(&out, &own())?;
+    let report = write_dir(&out, |tmp| {
+        let report = evaluate(args.log_samples.then(|| tmp.to_path_buf()))?;
+        let (markdown, json) = (report.markdown(), serde_json::to_string_pretty(&report)?);
+        std::fs::write(tmp.join("results.md"), markdown)?;
+        std::fs::write(tmp.join("results.json"), json)?;
+        Ok(report)
+    })?;
+    print(&args, &report)
+}
+
+fn print(args: &EvalArgs, report: &Report) -> Result<()> {
+    match args.json {
+        true => println!("{}", serde_json::to_string_pretty(report)?),
+        false => println!("{}", report.markdown()),
+    }
     Ok(())
 }
 
 struct Work {
     args: EvalArgs,
     tasks: Vec<Box<dyn xtoken_train::harness::task::Task>>,
+    /// Where the samples' records go (a temporary directory moved to `--out` at the end).
+    samples: Option<PathBuf>,
 }
 
 impl OnBackend for Work {
-    type Output = xtoken_train::harness::report::Report;
+    type Output = Report;
 
     fn run<B: TrainBackend>(self, devices: Vec<B::Device>) -> xtoken_train::Result<Self::Output> {
         let args = self.args;
@@ -129,7 +167,12 @@ impl OnBackend for Work {
             seed: args.seed,
             limit: args.limit,
         };
-        let samples = args.out.as_deref().filter(|_| args.log_samples);
-        evaluate(&scorable, &self.tasks, &args.data, &settings, samples)
+        evaluate(
+            &scorable,
+            &self.tasks,
+            &args.data,
+            &settings,
+            self.samples.as_deref(),
+        )
     }
 }

@@ -14,6 +14,13 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use xtoken_core::projection::ProjectionParams;
 use xtoken_core::vocab::Vocabulary;
+use xtoken_train::output::{safetensors_holds, Inputs, Own};
+
+/// A stored W: a safetensors file of `indices` and `weights`.
+pub const OWN_W: Own<'static> = Own::File {
+    what: "a projection matrix W",
+    is_own: |path| safetensors_holds(path, &["indices", "weights"]),
+};
 
 use crate::bench::BenchCommand;
 
@@ -86,6 +93,13 @@ pub struct PairArgs {
 }
 
 impl PairArgs {
+    /// The two tokenizers as a command's inputs.
+    pub fn inputs(&self) -> Inputs {
+        Inputs::new()
+            .tokenizer("the student tokenizer", &self.student)
+            .tokenizer("the teacher tokenizer", &self.teacher)
+    }
+
     pub fn load(&self) -> Result<(Vocabulary, Vocabulary)> {
         Ok(Vocabulary::load_pair(
             (&self.student, self.student_vocab_size),

@@ -11,7 +11,10 @@ use clap::{Args, ValueEnum};
 use safetensors::{Dtype, SafeTensors};
 use xtoken_models::{CausalLm, HfConfig, SaveDtype, Transformer};
 use xtoken_train::machine::check_fits;
-use xtoken_train::paths::refuse_overwriting;
+use xtoken_train::output::{
+    safetensors_holds, write_dir, write_file, written_by_xtoken, Inputs, Names, Own,
+};
+use xtoken_train::train::export::{copy_companions, model_names};
 
 type B = NdArray;
 
@@ -93,6 +96,13 @@ fn integers(path: &Path, file: &SafeTensors, name: &str) -> Result<Option<Tensor
             view.shape()
         );
     }
+    if view.shape().contains(&0) {
+        bail!(
+            "{}: `{name}` has shape {:?}: no ids to run (at least one sequence of one token)",
+            path.display(),
+            view.shape()
+        );
+    }
     let bytes = view.data();
     let values: Vec<i64> = match view.dtype() {
         Dtype::I64 => bytes
@@ -151,15 +161,14 @@ fn check_input_size(args: &LogitsArgs, batch: usize, len: usize) -> Result<()> {
 }
 
 pub fn logits(args: LogitsArgs) -> Result<()> {
-    refuse_overwriting(
-        &args.out,
-        &[
-            ("the --input file", &args.input),
-            ("the --model directory", &args.model),
-            ("the model's weights", &args.model.join("model.safetensors")),
-            ("the model's config", &args.model.join("config.json")),
-        ],
-    )?;
+    let inputs = Inputs::new()
+        .with("the --input file", &args.input)
+        .with("the --model directory", &args.model);
+    let own = Own::File {
+        what: "a logits file",
+        is_own: |path| safetensors_holds(path, &["logits"]),
+    };
+    inputs.check(&args.out, &own)?;
     let bytes =
         std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
     let file = SafeTensors::deserialize(&bytes)
@@ -214,11 +223,11 @@ pub fn logits(args: LogitsArgs) -> Result<()> {
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     let view = safetensors::tensor::TensorView::new(Dtype::F32, shape.to_vec(), &bytes)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    safetensors::serialize_to_file(
-        [("logits", view)],
-        Some(HashMap::from([("format".to_string(), "pt".to_string())])),
-        &args.out,
-    )
+    let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
+    write_file(&args.out, |tmp| {
+        safetensors::serialize_to_file([("logits", view)], metadata, tmp)
+            .map_err(|e| xtoken_train::Error::Run(format!("{}: {e}", tmp.display())))
+    })
     .with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!("wrote logits {shape:?} to {}", args.out.display());
     Ok(())
@@ -244,7 +253,9 @@ pub fn export(args: ExportArgs) -> Result<()> {
         Some(path) => path,
         None => xtoken_train::train::export::run_config_of(&args.checkpoint)?,
     };
-    xtoken_train::paths::refuse_holding(&args.out, &[("the run's configuration", &path)])?;
+    Inputs::new()
+        .with("the run's configuration", &path)
+        .refuse(&args.out)?;
     let config = xtoken_train::RunConfig::load_saved(&path)?;
     let device = Default::default();
     let (out, step) = xtoken_train::train::export::export_checkpoint::<B>(
@@ -264,12 +275,22 @@ pub fn export(args: ExportArgs) -> Result<()> {
 
 pub fn convert(args: ConvertArgs) -> Result<()> {
     // The weights are read while writing: `--out` must be another directory, however spelled.
-    refuse_overwriting(&args.out, &[("the --model directory", &args.model)])?;
+    let own = Own::Dir {
+        what: "a conversion",
+        names: Names::of(model_names(&args.model)?),
+        signature: "config.json",
+        signed: written_by_xtoken,
+    };
+    Inputs::new()
+        .with("the --model directory", &args.model)
+        .check(&args.out, &own)?;
     let start = Instant::now();
     eprintln!("loading {} …", args.model.display());
     let model = Transformer::<B>::load(&args.model, &Default::default())?;
-    model.save(&args.out, args.dtype.into())?;
-    let copied = xtoken_train::train::export::copy_companions(&args.model, &args.out)?;
+    let copied = write_dir(&args.out, |tmp| {
+        model.save(tmp, args.dtype.into())?;
+        copy_companions(&args.model, tmp)
+    })?;
     eprintln!(
         "wrote {} as {} in {:.1} s{}",
         args.out.display(),

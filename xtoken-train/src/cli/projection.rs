@@ -12,7 +12,9 @@ use xtoken_core::matching::{ExactMatcher, Partners};
 use xtoken_core::projection::{EmptyReason, RowSource, SparseProjection};
 use xtoken_core::vocab::TokenKind;
 
-use xtoken_train::paths::{refuse_overwriting, tokenizer_files};
+use xtoken_train::output::write_file;
+
+use super::OWN_W;
 
 use super::{PairArgs, ParamArgs};
 
@@ -63,23 +65,13 @@ pub struct ShowArgs {
 fn build(args: BuildArgs) -> Result<()> {
     let params = args.params.params();
     params.validate()?;
-    let [student, student_json] = tokenizer_files(&args.pair.student);
-    let [teacher, teacher_json] = tokenizer_files(&args.pair.teacher);
-    refuse_overwriting(
-        &args.out,
-        &[
-            ("the student tokenizer", &student),
-            ("the student tokenizer", &student_json),
-            ("the teacher tokenizer", &teacher),
-            ("the teacher tokenizer", &teacher_json),
-        ],
-    )?;
+    args.pair.inputs().check(&args.out, &OWN_W)?;
     let start = Instant::now();
     let (student, teacher) = args.pair.load()?;
     let loaded = start.elapsed();
     let (w, report) = SparseProjection::build(&student, &teacher, params)?;
     let built = start.elapsed() - loaded;
-    w.save(&args.out)?;
+    write_file(&args.out, |tmp| Ok(w.save(tmp)?))?;
     let total = start.elapsed();
 
     println!(

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use xtoken_train::train::launch::{train_on, Devices};
+use xtoken_train::train::preflight::{check_on, Target};
 use xtoken_train::train::resume::Extension;
 use xtoken_train::{RunConfig, RunOptions};
 
@@ -41,6 +42,16 @@ pub struct TrainArgs {
     /// (steps, tokens, each teacher's loss, memory estimate) without training.
     #[arg(long)]
     pub check: bool,
+    /// With --check: one device's memory (`80GB`, `141GiB`), for the estimate of a GPU run
+    /// planned where the GPU cannot be asked (a login node).
+    #[arg(long, value_name = "BYTES", requires = "check", value_parser = bytes)]
+    pub gpu_memory: Option<u64>,
+}
+
+fn bytes(text: &str) -> Result<u64, String> {
+    xtoken_train::train::memory::parse_bytes(text).ok_or_else(|| {
+        format!("{text:?}: expected bytes, or a number with KB, MB, GB, KiB, MiB or GiB")
+    })
 }
 
 /// Runs `xtoken train`.
@@ -62,10 +73,16 @@ pub fn run(args: TrainArgs) -> Result<()> {
     };
     if args.check {
         let processes = devices.placement.as_ref().map_or(1, |p| p.world);
-        let workers = devices.indices.len().max(1) * processes;
-        let plan = xtoken_train::train::preflight::check(&config, workers, kind, &options)?;
-        println!("{plan}");
-        return Ok(());
+        let target = Target {
+            workers: devices.indices.len().max(1) * processes,
+            kind,
+            device_memory: args.gpu_memory,
+        };
+        let checked = check_on(&config, target, &options);
+        if let Some(plan) = &checked.plan {
+            println!("{plan}");
+        }
+        return Ok(checked.verdict?);
     }
     train_on(config, &options, &devices)?;
     Ok(())

@@ -42,6 +42,20 @@ impl Placement {
         if var("SLURM_STEP_NUM_TASKS").is_some() {
             return srun(&var).map(Some);
         }
+        // A rank without a world: a launch environment half set, whose process would otherwise
+        // train alone while its peers wait.
+        let partial = ["RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"]
+            .into_iter()
+            .filter(|name| var(name).is_some())
+            .collect::<Vec<_>>();
+        if !partial.is_empty() {
+            return Err(Error::Config(format!(
+                "{} set but WORLD_SIZE is not: a partial launch environment (torchrun sets all \
+                 of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT); set WORLD_SIZE, or unset \
+                 them to train in one process",
+                partial.join(", ")
+            )));
+        }
         Ok(None)
     }
 }
@@ -234,6 +248,7 @@ mod tests {
         let port = [("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")];
         let port = [&port[..], &[("MASTER_PORT", "70000")]].concat();
         assert!(err(&port).contains("MASTER_PORT = 70000"));
+        assert!(err(&[("RANK", "1")]).contains("RANK set but WORLD_SIZE is not"));
         let word = [("RANK", "x"), ("WORLD_SIZE", "2")];
         assert!(err(&word).contains("RANK = \"x\""));
     }

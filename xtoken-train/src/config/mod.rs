@@ -33,7 +33,7 @@ pub mod choices;
 
 pub use choices::{DeviceKind, DtypeChoice, ScalingScope, TaskName};
 
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, Error, Failures, Result};
 use serde::{Deserialize, Serialize};
 use xtoken_core::align::AlignParams;
 use xtoken_core::loss::multi::{ConfidenceMeasure, Weighting};
@@ -589,46 +589,73 @@ fn at_least_one(key: &str, v: u64) -> Result<()> {
 }
 
 impl TrainingConfig {
-    /// Checks every value of `[training]`, naming the key of the first bad one.
+    /// Checks every value of `[training]`, naming the key of each bad one.
     fn validate(&self) -> Result<()> {
         let t = self;
-        at_least_one("training.steps", t.steps)?;
-        at_least_one("training.batch_size", t.batch_size as u64)?;
-        at_least_one("training.micro_batch", t.micro_batch as u64)?;
+        let mut f = Failures::default();
+        f.note(at_least_one("training.steps", t.steps));
+        f.note(at_least_one("training.batch_size", t.batch_size as u64));
+        f.note(at_least_one("training.micro_batch", t.micro_batch as u64));
         if t.context_length < 2 {
-            return Err(Error::Config(format!(
+            f.note::<()>(Err(Error::Config(format!(
                 "training.context_length = {}: must be at least 2",
                 t.context_length
-            )));
+            ))));
         }
-        positive("training.lr", t.lr)?;
+        f.note(positive("training.lr", t.lr));
         if !(0.0..1.0).contains(&t.warmup) {
-            return Err(Error::Config(format!(
+            f.note::<()>(Err(Error::Config(format!(
                 "training.warmup = {}: must be a fraction in [0, 1)",
                 t.warmup
-            )));
+            ))));
         }
-        non_negative("training.min_lr", t.min_lr)?;
+        f.note(non_negative("training.min_lr", t.min_lr));
         if t.min_lr > t.lr {
-            return Err(Error::Config(format!(
+            f.note::<()>(Err(Error::Config(format!(
                 "training.min_lr = {}: must not exceed training.lr = {}",
                 t.min_lr, t.lr
-            )));
+            ))));
         }
-        non_negative("training.weight_decay", t.weight_decay)?;
+        f.note(non_negative("training.weight_decay", t.weight_decay));
         for (key, v) in [("training.beta1", t.beta1), ("training.beta2", t.beta2)] {
             if !(0.0..1.0).contains(&v) {
-                return Err(Error::Config(format!("{key} = {v}: must be in [0, 1)")));
+                f.note::<()>(Err(Error::Config(format!(
+                    "{key} = {v}: must be in [0, 1)"
+                ))));
             }
         }
-        positive("training.epsilon", t.epsilon)?;
-        non_negative("training.grad_clip", t.grad_clip)?;
-        at_least_one("training.log_every", t.log_every)?;
+        f.note(positive("training.epsilon", t.epsilon));
+        f.note(non_negative("training.grad_clip", t.grad_clip));
+        f.note(at_least_one("training.log_every", t.log_every));
         if let Some(accum) = t.grad_accum {
-            at_least_one("training.grad_accum", accum as u64)?;
+            f.note(at_least_one("training.grad_accum", accum as u64));
         }
-        Ok(())
+        f.or_value(())
     }
+}
+
+/// `[eval]`: positive cadences, something to evaluate, known tasks with their data.
+fn validate_eval(eval: &EvalConfig) -> Result<()> {
+    at_least_one("eval.every", eval.every)?;
+    at_least_one("eval.max_tokens", eval.max_tokens)?;
+    if eval.path.as_ref().is_some_and(|p| p.entries().is_empty()) {
+        return Err(Error::Config("eval.path: the list is empty".into()));
+    }
+    if eval.path.is_none() && eval.tasks.is_empty() {
+        return Err(Error::Config(
+            "[eval]: give `path` (held-out text), `tasks` (benchmarks) or both".into(),
+        ));
+    }
+    for (i, task) in eval.tasks.iter().enumerate() {
+        task.parse::<TaskName>()
+            .map_err(|e| Error::Config(format!("eval.tasks[{i}]: {e}")))?;
+    }
+    if !eval.tasks.is_empty() && eval.tasks_data.is_none() {
+        return Err(Error::Config(
+            "eval.tasks_data: the benchmarks' files are needed with eval.tasks".into(),
+        ));
+    }
+    Ok(())
 }
 
 impl RunConfig {
@@ -663,70 +690,54 @@ impl RunConfig {
         Ok(config)
     }
 
-    /// Checks every value, naming the key of the first bad one.
+    /// Checks every value, naming the key of each bad one (all of them, not only the first).
     pub fn validate(&self) -> Result<()> {
+        let mut f = Failures::default();
         if self.output_dir.as_os_str().is_empty() {
-            return Err(Error::Config(
+            f.note::<()>(Err(Error::Config(
                 "output_dir = \"\": name the run's directory (an empty one would write into \
                  the working directory)"
                     .into(),
-            ));
+            )));
         }
-        self.device.parse::<DeviceKind>()?;
-        self.student_dtype()?;
-        self.compute_dtype()?;
-        self.validate_teachers()?;
-        self.validate_data()?;
+        f.note(self.device.parse::<DeviceKind>());
+        f.note(self.student_dtype());
+        f.note(self.compute_dtype());
+        f.note(self.validate_teachers());
+        f.note(self.validate_data());
         if let Some(eval) = &self.eval {
-            at_least_one("eval.every", eval.every)?;
-            at_least_one("eval.max_tokens", eval.max_tokens)?;
-            if eval.path.as_ref().is_some_and(|p| p.entries().is_empty()) {
-                return Err(Error::Config("eval.path: the list is empty".into()));
-            }
-            if eval.path.is_none() && eval.tasks.is_empty() {
-                return Err(Error::Config(
-                    "[eval]: give `path` (held-out text), `tasks` (benchmarks) or both".into(),
-                ));
-            }
-            for (i, task) in eval.tasks.iter().enumerate() {
-                task.parse::<TaskName>()
-                    .map_err(|e| Error::Config(format!("eval.tasks[{i}]: {e}")))?;
-            }
-            if !eval.tasks.is_empty() && eval.tasks_data.is_none() {
-                return Err(Error::Config(
-                    "eval.tasks_data: the benchmarks' files are needed with eval.tasks".into(),
-                ));
-            }
+            f.note(validate_eval(eval));
         }
-        at_least_one("data.prefetch", self.data.prefetch as u64)?;
-        self.training.validate()?;
+        f.note(at_least_one("data.prefetch", self.data.prefetch as u64));
+        f.note(self.training.validate());
         if let Some(on_policy) = &self.on_policy {
-            on_policy.validate(self.training.context_length)?;
+            f.note(on_policy.validate(self.training.context_length));
             if on_policy.prompt_field.is_some() && self.data.cache.is_some() {
-                return Err(Error::Config(
+                f.note::<()>(Err(Error::Config(
                     "on_policy.prompt_field: an alignment cache (data.cache) keeps no prompts; \
                      stream the data, or prompt with on_policy.prompt_tokens"
                         .into(),
-                ));
+                )));
             }
         }
-        self.grad_accum(1)?;
+        if f.is_empty() {
+            f.note(self.grad_accum(1));
+        }
         let l = &self.loss;
-        positive("loss.temperature", l.temperature)?;
-        non_negative("loss.lambda_kl", l.lambda_kl)?;
-        non_negative("loss.lambda_uld", l.lambda_uld)?;
-        at_least_one("loss.row_chunk", l.row_chunk as u64)?;
-        self.weighting()?;
-        self.scaling_scope()?;
-        self.merge_variant()?;
-        self.projection_params()
-            .validate()
-            .map_err(|e| Error::Config(format!("projection: {e}")))?;
-        positive("projection.lr", self.projection.lr)?;
-        at_least_one("checkpoint.every", self.checkpoint.every)?;
-        at_least_one("checkpoint.keep", self.checkpoint.keep as u64)?;
-        self.save_dtype()?;
-        Ok(())
+        f.note(positive("loss.temperature", l.temperature));
+        f.note(non_negative("loss.lambda_kl", l.lambda_kl));
+        f.note(non_negative("loss.lambda_uld", l.lambda_uld));
+        f.note(at_least_one("loss.row_chunk", l.row_chunk as u64));
+        f.note(self.weighting());
+        f.note(self.scaling_scope());
+        f.note(self.merge_variant());
+        let params = self.projection_params().validate();
+        f.note(params.map_err(|e| Error::Config(format!("projection: {e}"))));
+        f.note(positive("projection.lr", self.projection.lr));
+        f.note(at_least_one("checkpoint.every", self.checkpoint.every));
+        f.note(at_least_one("checkpoint.keep", self.checkpoint.keep as u64));
+        f.note(self.save_dtype());
+        f.or_value(())
     }
 
     /// At least one teacher; names usable in file names and distinct; α non-negative.

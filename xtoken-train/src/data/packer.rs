@@ -191,6 +191,10 @@ pub enum Feed {
 /// Streamed documents in a row with no student token after which the data is refused.
 const EMPTY_STREAMED: usize = 1 << 20;
 
+/// Streamed documents in a row without a prompt (`on_policy.prompt_field`) after which the data
+/// is refused: prompts rarer than this are a misnamed or empty field, not a dataset.
+pub const PROMPTLESS_STREAMED: usize = 10_000;
+
 /// Packs documents into rows of at most `context` student tokens, deterministically.
 pub struct Packer {
     feed: Feed,
@@ -303,14 +307,18 @@ impl Packer {
                 return Ok(prompt);
             }
             skipped += 1;
-            if skipped > self.empty_limit() {
+            let limit = match (source, &self.feed) {
+                (PromptSource::Field, Feed::Stream(_)) => PROMPTLESS_STREAMED,
+                _ => self.empty_limit(),
+            };
+            if skipped > limit {
                 return Err(Error::Data(match source {
                     PromptSource::FirstTokens(_) => {
                         "every document of the training data is empty: no prompt to draw".into()
                     }
                     PromptSource::Field => format!(
-                        "the last {skipped} documents of the training data have no prompt in \
-                         on_policy.prompt_field"
+                        "the last {skipped} documents of the training data have no prompt: \
+                         on_policy.prompt_field is missing, null or an empty string in each"
                     ),
                 }));
             }

@@ -393,13 +393,13 @@ fn align_batch(
             if text.trim().is_empty() {
                 return Ok(None);
             }
-            let doc = pipeline.process(ws, &text).with_context(|| {
-                format!(
-                    "{}:{}: aligning this document",
-                    job.input.display(),
-                    raw.line
-                )
-            })?;
+            let place = || format!("{}:{}", job.input.display(), raw.line);
+            if text.len() > PIECE_BYTES {
+                crate::machine::note_long_document(place, text.len());
+            }
+            let doc = pipeline
+                .process(ws, &text)
+                .with_context(|| format!("{}: aligning this document", place()))?;
             let record = match job.out {
                 Some(_) => Some(doc.record()?),
                 None => None,

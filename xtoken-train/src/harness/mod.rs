@@ -35,6 +35,17 @@ use task::{prompts, PromptSettings, Request, Response, Task};
 
 /// The directory of `task`'s files under `data`: `data/<name>` (MATH also `hendrycks_math`).
 pub fn task_dir(data: &Path, task: &dyn Task) -> Result<PathBuf> {
+    if !data.is_dir() {
+        let what = match data.exists() {
+            true => "a file, not the datasets' directory",
+            false => "no such directory",
+        };
+        return Err(Error::Data(format!(
+            "{}: {what} (the datasets' directory holds one subdirectory per task; see the README \
+             on fetching the datasets)",
+            data.display()
+        )));
+    }
     let names: &[&str] = match task.name() {
         "math" => &["math", "hendrycks_math", "competition_math"],
         name => &[name][..],

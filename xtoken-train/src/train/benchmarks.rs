@@ -29,28 +29,42 @@ pub struct TrainingBenchmarks {
     samples: Option<PathBuf>,
 }
 
+/// Each task of a run's benchmarks with its prompts.
+pub type Prompted = (Vec<Box<dyn Task>>, Vec<Vec<Item>>);
+
+/// The tasks of `[eval] tasks` and their prompts, made from the tasks' files (`train --check`
+/// makes them too, so that a missing or invalid file stops the check); `None` without tasks.
+pub fn prompts(config: &RunConfig) -> Result<Option<Prompted>> {
+    let Some(eval) = config.eval.as_ref().filter(|e| !e.tasks.is_empty()) else {
+        return Ok(None);
+    };
+    let data = eval.tasks_data.as_deref().ok_or_else(|| {
+        Error::Config("eval.tasks_data: the benchmarks' files are needed with eval.tasks".into())
+    })?;
+    let tasks = eval
+        .tasks
+        .iter()
+        .map(|name| tasks::named(name))
+        .collect::<Result<Vec<_>>>()?;
+    let settings = PromptSettings {
+        shots: eval.tasks_shots,
+        seed: 1234,
+        limit: eval.tasks_limit,
+    };
+    let items = prepare(&tasks, data, &settings)
+        .with_context(|| format!("eval.tasks (eval.tasks_data = {})", data.display()))?;
+    Ok(Some((tasks, items)))
+}
+
 impl TrainingBenchmarks {
     /// Reads the tasks' files and makes their prompts; `None` without `eval.tasks`.
     pub fn open(config: &RunConfig, start_step: u64) -> Result<Option<Self>> {
-        let Some(eval) = config.eval.as_ref().filter(|e| !e.tasks.is_empty()) else {
+        let Some((tasks, items)) = prompts(config)? else {
             return Ok(None);
         };
-        let data = eval.tasks_data.as_deref().ok_or_else(|| {
-            Error::Config(
-                "eval.tasks_data: the benchmarks' files are needed with eval.tasks".into(),
-            )
-        })?;
-        let tasks = eval
-            .tasks
-            .iter()
-            .map(|name| tasks::named(name))
-            .collect::<Result<Vec<_>>>()?;
-        let settings = PromptSettings {
-            shots: eval.tasks_shots,
-            seed: 1234,
-            limit: eval.tasks_limit,
+        let Some(eval) = config.eval.as_ref() else {
+            return Ok(None);
         };
-        let items = prepare(&tasks, data, &settings).context("eval.tasks")?;
         let tokenizer = read_tokenizer(&config.student_tokenizer())?;
         let special = SpecialTokens::read(&config.student.model, &tokenizer)?;
         let documents: usize = items.iter().map(Vec::len).sum();

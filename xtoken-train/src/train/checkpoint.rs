@@ -323,6 +323,13 @@ fn prune(dir: &Path, keep: usize) -> Result<()> {
 
 /// The state of the checkpoint in `dir`, after checking every file against its manifest.
 pub fn verified(dir: &Path) -> Result<CheckpointState> {
+    if !dir.is_dir() {
+        let what = match dir.exists() {
+            true => "a file, not a checkpoint directory",
+            false => "no such checkpoint (checkpoints are <output_dir>/checkpoints/step-N)",
+        };
+        return Err(Error::Run(format!("{}: {what}", dir.display())));
+    }
     verify(dir).map_err(|why| Error::Run(format!("checkpoint {}: {why}", dir.display())))?;
     let path = dir.join("state.json");
     let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;

@@ -8,14 +8,13 @@ use std::path::{Path, PathBuf};
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use xtoken_core::temporary::Temporary;
 use xtoken_models::checkpoint::SINGLE_FILE;
 use xtoken_models::{LoadOptions, SaveDtype, Transformer};
 
 use crate::config::{DtypeChoice, RunConfig};
 use crate::error::{Context, Error, Result};
 use crate::harness::model::Loaded;
-use crate::paths::{refuse_holding, refuse_inside};
+use crate::output::{write_dir, written_by_xtoken, Inputs, Names, Own};
 use crate::train::checkpoint;
 use crate::train::teachers::dtype_of;
 
@@ -55,14 +54,11 @@ pub fn export_checkpoint<B: Backend>(
     device: &B::Device,
 ) -> Result<(PathBuf, u64)> {
     let run = dir.parent().and_then(Path::parent).unwrap_or(dir);
-    let dirs = [
-        ("the checkpoint", dir),
-        ("the run directory", run),
-        ("the run directory", config.output_dir.as_path()),
-    ];
-    refuse_holding(out, &dirs)?;
-    refuse_inside(out, &dirs)?;
-    check_target(config, out)?;
+    let inputs = export_inputs(config)
+        .with("the checkpoint", dir)
+        .with("the run directory", run)
+        .with("the run directory", config.output_dir.as_path());
+    inputs.check(out, &export_own(config)?)?;
     let dtype = dtype_of::<B>(config.student_dtype()?, device);
     let (student, step) = checkpoint_student::<B>(config, dir, dtype, device)?;
     let written = write_export(out, |tmp| write_student(config, &student, tmp))?;
@@ -86,75 +82,62 @@ pub fn checkpoint_student<B: Backend>(
 /// The names of the files an export of `config`'s student writes: the model's, the tokenizer,
 /// and the companions of the student's model directory.
 pub fn exported_names(config: &RunConfig) -> Result<BTreeSet<String>> {
-    let mut names: BTreeSet<String> = [SINGLE_FILE, "config.json", "tokenizer.json"]
+    let mut names = model_names(&config.student.model)?;
+    names.insert("tokenizer.json".into());
+    Ok(names)
+}
+
+/// The names of the files a model directory written from `model` holds: `config.json`, the
+/// weights, and `model`'s companions ([`copy_companions`]).
+pub fn model_names(model: &Path) -> Result<BTreeSet<String>> {
+    let mut names: BTreeSet<String> = [SINGLE_FILE, "config.json"]
         .into_iter()
         .map(String::from)
         .collect();
-    names.extend(companions(&config.student.model)?);
+    names.extend(companions(model)?);
     Ok(names)
 }
 
 /// Checks that `out` may take an export of `config`'s student before anything is written: it is
-/// not and holds no model directory or tokenizer the run reads, and, when it exists, it is a
-/// directory holding only files an export writes (an earlier export), which are replaced.
+/// not, holds no and lies in no model directory or tokenizer the run reads, and, when it exists,
+/// it is an earlier export (only files an export writes, `config.json` among them), which is
+/// replaced ([`crate::output`]).
 pub fn check_target(config: &RunConfig, out: &Path) -> Result<()> {
-    let mut inputs = vec![
-        (
+    export_inputs(config).check(out, &export_own(config)?)
+}
+
+/// What an export reads: the model directories and tokenizers of the run.
+fn export_inputs(config: &RunConfig) -> Inputs {
+    let mut inputs = Inputs::new()
+        .with(
             "the student's model directory",
             config.student.model.clone(),
-        ),
-        ("the student's tokenizer", config.student_tokenizer()),
-    ];
+        )
+        .with("the student's tokenizer", config.student_tokenizer());
     for t in &config.teachers {
-        inputs.push(("a teacher's model directory", t.model.clone()));
+        inputs.add("a teacher's model directory", t.model.clone());
         if let Some(tokenizer) = &t.tokenizer {
-            inputs.push(("a teacher's tokenizer", tokenizer.clone()));
+            inputs.add("a teacher's tokenizer", tokenizer.clone());
         }
     }
-    refuse_holding(out, &inputs)?;
-    if !out.exists() {
-        return Ok(());
-    }
-    if !out.is_dir() {
-        return Err(Error::Run(format!(
-            "{}: a file is there; the student is written as a directory, choose another output",
-            out.display()
-        )));
-    }
-    let names = exported_names(config)?;
-    for entry in std::fs::read_dir(out).with_context(|| format!("{}", out.display()))? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !entry.file_type()?.is_file() || !names.contains(&name) {
-            return Err(Error::Run(format!(
-                "{}: it holds {name}, which an export does not write; the student is written \
-                 into a new or empty directory, or over an earlier export (only {}), never over \
-                 other files",
-                out.display(),
-                names.iter().cloned().collect::<Vec<_>>().join(", ")
-            )));
-        }
-    }
-    Ok(())
+    inputs
+}
+
+/// What an export writes.
+fn export_own(config: &RunConfig) -> Result<Own<'static>> {
+    Ok(Own::Dir {
+        what: "an export",
+        names: Names::of(exported_names(config)?),
+        signature: "config.json",
+        signed: written_by_xtoken,
+    })
 }
 
 /// Writes an export through a temporary directory beside `out`, removed on failure or
-/// interruption: a new `out` is the temporary renamed; an earlier export's files are replaced
-/// one rename each, and nothing else in `out` is touched ([`check_target`] comes first).
+/// interruption, and swapped for an earlier export in one rename ([`check_target`] comes
+/// first).
 pub fn write_export(out: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
-    let tmp = Temporary::beside(out, "xtoken-export");
-    write(tmp.path())?;
-    if !out.exists() {
-        let at = tmp.path().display().to_string();
-        tmp.persist(out)
-            .with_context(|| format!("renaming {at} into place"))?;
-        return Ok(out.to_path_buf());
-    }
-    for entry in std::fs::read_dir(tmp.path())? {
-        let from = entry?.path();
-        let to = out.join(from.file_name().unwrap_or_default());
-        std::fs::rename(&from, &to).with_context(|| format!("replacing {}", to.display()))?;
-    }
+    write_dir(out, write)?;
     Ok(out.to_path_buf())
 }
 

@@ -12,7 +12,7 @@ use xtoken_models::HfConfig;
 
 use crate::config::{RunConfig, TeacherSettings};
 use crate::data::{open_or_build_cache, sources, Pipeline, Source};
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, Error, Failures, Result};
 
 /// The tokenizers, model configurations and training data of a run.
 pub struct RunInputs {
@@ -49,30 +49,44 @@ impl RunInputs {
     /// What [`load`](Self::load) reads, without opening or building the alignment cache.
     pub fn read(config: &RunConfig) -> Result<Self> {
         let before = crate::machine::resident();
-        let student_config = HfConfig::read(&config.student.model)?;
-        let limit = student_config.architecture.max_position_embeddings;
-        if config.training.context_length > limit {
-            return Err(Error::Config(format!(
-                "training.context_length = {}: more than the student's max_position_embeddings = \
-                 {limit} ({}/config.json)",
-                config.training.context_length,
-                config.student.model.display()
-            )));
-        }
+        // Every input is read, so that a run missing several learns of each at once.
+        let mut failures = Failures::default();
+        let student_config = failures.note(student_config(config));
         let settings = config.teacher_settings()?;
-        let teacher_configs = settings
+        let teacher_configs: Vec<Option<HfConfig>> = settings
             .iter()
-            .map(|s| HfConfig::read(&s.model))
-            .collect::<Result<Vec<_>, _>>()?;
-        let student_vocab = Vocabulary::load_padded(
-            config.student_tokenizer(),
-            Some(student_config.architecture.vocab_size),
-        )?;
-        let teacher_vocabs = settings
+            .enumerate()
+            .map(|(i, s)| {
+                let read = HfConfig::read(&s.model);
+                failures.note(read.with_context(|| format!("teachers[{i}].model ({})", s.name)))
+            })
+            .collect();
+        let student_vocab = student_config.as_ref().and_then(|c| {
+            let padded = Some(c.architecture.vocab_size);
+            let vocab = Vocabulary::load_padded(config.student_tokenizer(), padded);
+            failures.note(vocab.context("the student's tokenizer"))
+        });
+        let teacher_vocabs: Vec<Option<Vocabulary>> = settings
             .iter()
             .zip(&teacher_configs)
-            .map(|(s, c)| Vocabulary::load_padded(&s.tokenizer, Some(c.architecture.vocab_size)))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|(s, c)| {
+                let padded = Some(c.as_ref()?.architecture.vocab_size);
+                let vocab = Vocabulary::load_padded(&s.tokenizer, padded);
+                failures.note(vocab.with_context(|| format!("teacher {}: its tokenizer", s.name)))
+            })
+            .collect();
+        let sources = failures.note(sources::sources(&config.data).context("data.path"));
+        let (Some(student_config), Some(student_vocab), Some(sources)) =
+            (student_config, student_vocab, sources)
+        else {
+            return Err(failures.into_error());
+        };
+        let (Some(teacher_configs), Some(teacher_vocabs)) = (
+            teacher_configs.into_iter().collect::<Option<Vec<_>>>(),
+            teacher_vocabs.into_iter().collect::<Option<Vec<_>>>(),
+        ) else {
+            return Err(failures.into_error());
+        };
         let aligners = teacher_vocabs
             .iter()
             .map(|t| Aligner::new(&student_vocab, t, config.align_params()))
@@ -82,8 +96,7 @@ impl RunInputs {
             teachers: teacher_vocabs,
             aligners,
         };
-        let sources = sources::sources(&config.data)?;
-        Ok(Self {
+        failures.or_value(Self {
             student_config,
             settings,
             teacher_configs,
@@ -96,6 +109,21 @@ impl RunInputs {
             },
         })
     }
+}
+
+/// The student's `config.json`, and its positions enough for `training.context_length`.
+fn student_config(config: &RunConfig) -> Result<HfConfig> {
+    let student_config = HfConfig::read(&config.student.model).context("student.model")?;
+    let limit = student_config.architecture.max_position_embeddings;
+    if config.training.context_length > limit {
+        return Err(Error::Config(format!(
+            "training.context_length = {}: more than the student's max_position_embeddings = \
+             {limit} ({}/config.json)",
+            config.training.context_length,
+            config.student.model.display()
+        )));
+    }
+    Ok(student_config)
 }
 
 /// Builds what the workers of a run share on disk (every W, and the alignment cache when one is

@@ -13,7 +13,8 @@ use crate::config::RunConfig;
 use crate::error::{Error, Result};
 use crate::train::inputs::prepare_shared_files;
 use crate::train::options::RunOptions;
-use crate::train::run::{resolved_text, train, RunSummary};
+use crate::train::resume::resolved_text;
+use crate::train::run::{train, RunSummary};
 use xtoken_kernels::memory::DeviceMemory;
 
 /// The devices of a run: a family, and the indices of its devices (one data-parallel worker

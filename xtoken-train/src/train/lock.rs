@@ -41,10 +41,10 @@ impl Holder {
                 .find_map(|l| l.strip_prefix(key))
                 .map(|v| v.trim().to_string())
         };
-        Some(Holder {
-            pid: field("pid=")?.parse().ok()?,
-            host: field("host=")?,
-        })
+        // No process has id 0: such a file is not a lock xtoken wrote.
+        let pid = field("pid=")?.parse().ok().filter(|&pid| pid > 0)?;
+        let host = field("host=").filter(|h| !h.is_empty())?;
+        Some(Holder { pid, host })
     }
 
     fn text(&self) -> String {
@@ -80,6 +80,7 @@ impl RunLock {
             }
             Err(_) => {}
         }
+        not_a_lock(&path)?;
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         match Holder::parse(&text) {
             Some(holder) if holder.is_gone() => {
@@ -92,26 +93,65 @@ impl RunLock {
                 std::fs::remove_file(&path).ok();
                 create(&path).with_context(|| format!("{}: taking the run's lock", path.display()))
             }
-            holder => Err(Error::Run(format!(
-                "{}: another xtoken process trains in this run directory ({}); wait for it to \
-                 end, or, if no process of this run is alive, remove {} and try again",
+            Some(holder) => Err(Error::Run(format!(
+                "{}: another xtoken process trains in this run directory (process {} on {}); \
+                 wait for it to end, or, if no process of this run is alive, remove {} and try \
+                 again",
                 dir.display(),
-                holder.map_or_else(
-                    || "its lock file cannot be read".to_string(),
-                    |h| format!("process {} on {}", h.pid, h.host)
-                ),
+                holder.pid,
+                holder.host,
+                path.display()
+            ))),
+            None => Err(Error::Run(format!(
+                "{}: the lock file names no process (it is empty or damaged: not a lock an \
+                 xtoken process finished writing); if no process of this run is alive, remove it \
+                 and try again",
                 path.display()
             ))),
         }
     }
 
-    /// Whether another live process holds the lock of `dir` now: its description.
+    /// Whether the lock of `dir` keeps a run out now, and why: another live process holds it,
+    /// or the lock file is none xtoken wrote.
     pub fn held_elsewhere(dir: &Path) -> Option<String> {
-        let text = std::fs::read_to_string(dir.join(LOCK_FILE)).ok()?;
-        let holder = Holder::parse(&text)?;
-        (holder != Holder::this_process() && !holder.is_gone())
-            .then(|| format!("process {} on {}", holder.pid, holder.host))
+        let path = dir.join(LOCK_FILE);
+        std::fs::symlink_metadata(&path).ok()?;
+        if let Err(e) = not_a_lock(&path) {
+            return Some(e.to_string());
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let Some(holder) = Holder::parse(&text) else {
+            return Some(format!(
+                "{}: the lock file names no process (empty or damaged); remove it if no process \
+                 of this run is alive",
+                path.display()
+            ));
+        };
+        (holder != Holder::this_process() && !holder.is_gone()).then(|| {
+            format!(
+                "{}: another xtoken process trains in this run directory (process {} on {})",
+                dir.display(),
+                holder.pid,
+                holder.host
+            )
+        })
     }
+}
+
+/// Refuses a lock path that is a directory or a symbolic link: no xtoken process made it.
+fn not_a_lock(path: &Path) -> Result<()> {
+    let meta = std::fs::symlink_metadata(path).with_context(|| format!("{}", path.display()))?;
+    let what = match meta.file_type() {
+        t if t.is_symlink() => "a symbolic link",
+        t if t.is_dir() => "a directory",
+        t if t.is_file() => return Ok(()),
+        _ => "not a plain file",
+    };
+    Err(Error::Run(format!(
+        "{}: {what} is where the run's lock goes; xtoken makes the lock as a plain file, so \
+         something else put this here: move it away and try again",
+        path.display()
+    )))
 }
 
 /// Creates the lock file exclusively, naming this process.
@@ -158,12 +198,51 @@ mod tests {
             host: "elsewhere".into(),
         };
         std::fs::write(dir.join(LOCK_FILE), remote.text()).unwrap();
-        assert_eq!(
-            RunLock::held_elsewhere(&dir).as_deref(),
-            Some("process 1 on elsewhere")
-        );
+        let why = RunLock::held_elsewhere(&dir).unwrap();
+        assert!(why.contains("another xtoken process trains"), "{why}");
+        assert!(why.contains("process 1 on elsewhere"), "{why}");
         let err = RunLock::acquire(&dir).unwrap_err().to_string();
         assert!(err.contains("process 1 on elsewhere"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Garbage, an empty file, `pid = 0`, a directory or a link where the lock goes are named
+    /// for what they are, never as another process training or one that ended.
+    #[test]
+    fn a_lock_file_xtoken_did_not_write_is_named_as_such() {
+        let dir = std::env::temp_dir().join(format!("xtoken-lock-odd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(LOCK_FILE);
+        let host = host_name();
+        for text in ["garbage", "", &format!("pid=0\nhost={host}\n")] {
+            std::fs::write(&path, text).unwrap();
+            let err = RunLock::acquire(&dir).unwrap_err().to_string();
+            assert!(err.contains("names no process"), "{text:?}: {err}");
+            assert!(RunLock::held_elsewhere(&dir)
+                .unwrap()
+                .contains("names no process"));
+            assert!(
+                path.exists(),
+                "a damaged lock is left for the user to remove"
+            );
+        }
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let err = RunLock::acquire(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains("a directory is where the run's lock goes"),
+            "{err}"
+        );
+        std::fs::remove_dir(&path).unwrap();
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(dir.join("elsewhere"), &path).unwrap();
+            let err = RunLock::acquire(&dir).unwrap_err().to_string();
+            assert!(err.contains("a symbolic link"), "{err}");
+            assert!(RunLock::held_elsewhere(&dir)
+                .unwrap()
+                .contains("symbolic link"));
+        }
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -12,9 +12,10 @@ use xtoken_core::projection::SparseProjection;
 
 use crate::config::DeviceKind;
 use crate::config::{DtypeChoice, OnPolicyConfig, RunConfig};
+use crate::data::packer::PROMPTLESS_STREAMED;
 use crate::data::pipeline::PIECE_BYTES;
 use crate::data::{DocumentReader, Fields, Source};
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, Error, Failures, Result};
 use crate::paths::refuse_holding;
 use crate::train::inputs::RunInputs;
 use crate::train::memory::{self, MemoryEstimate};
@@ -77,16 +78,71 @@ pub struct TeacherPlan {
     pub projection: Option<(PathBuf, bool)>,
 }
 
-/// Reads and checks what the run `config` describes for `workers` data-parallel workers on the
-/// device family `kind`, as `train` would with `options` before its first step, and returns its
-/// plan. Every check that can run does: the error lists each failure, not only the first.
+/// What `train --check` found: the plan, whenever the inputs it rests on could be read (also when
+/// something else fails, so that a refusal for memory comes with the estimate), and every
+/// failure.
+#[derive(Debug)]
+pub struct Checked {
+    /// The run's plan.
+    pub plan: Option<Preflight>,
+    /// Each failure that stops the run before its first step (`Ok`: none).
+    pub verdict: Result<()>,
+}
+
+/// Where a run is planned: `workers` data-parallel workers on the device family `kind`, whose
+/// memory is `device_memory` when the device cannot be asked (a login node without the GPU).
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    /// Data-parallel workers.
+    pub workers: usize,
+    /// The device family.
+    pub kind: DeviceKind,
+    /// One device's memory in bytes, when given.
+    pub device_memory: Option<u64>,
+}
+
+/// Reads and checks what the run `config` describes on `target`, as `train` would with
+/// `options` before its first step, and returns its plan. Every check that can run does: the
+/// error lists each failure, not only the first.
 pub fn check(
     config: &RunConfig,
     workers: usize,
     kind: DeviceKind,
     options: &RunOptions,
 ) -> Result<Preflight> {
+    let target = Target {
+        workers,
+        kind,
+        device_memory: None,
+    };
+    let checked = check_on(config, target, options);
+    checked.verdict?;
+    checked
+        .plan
+        .ok_or_else(|| Error::Run("no plan: the inputs could not be read".into()))
+}
+
+/// [`check`], returning the plan with the failures.
+pub fn check_on(config: &RunConfig, target: Target, options: &RunOptions) -> Checked {
     let mut failures = Failures::default();
+    let plan = plan(config, target, options, &mut failures);
+    Checked {
+        plan,
+        verdict: failures.or_value(()),
+    }
+}
+
+fn plan(
+    config: &RunConfig,
+    target: Target,
+    options: &RunOptions,
+    failures: &mut Failures,
+) -> Option<Preflight> {
+    let Target {
+        workers,
+        kind,
+        device_memory,
+    } = target;
     failures.note(check_options(config, options));
     failures.note(check_outputs(config, options, true));
     failures.note(crate::backend::check_available(kind));
@@ -107,9 +163,10 @@ pub fn check(
         }
     }
     let accum = failures.note(config.grad_accum(workers));
-    let Some(inputs) = failures.note(RunInputs::read(config)) else {
-        return Err(failures.into_error());
-    };
+    let inputs = failures.note(RunInputs::read(config))?;
+    failures.note(crate::train::benchmarks::prompts(config));
+    // The very checks `train --resume` makes before it loads a weight.
+    failures.note(resume_point(config, options, &inputs.sources));
     failures.note(open_weights(&config.student.model).context("student"));
     for s in &inputs.settings {
         failures.note(open_weights(&s.model).with_context(|| format!("teacher {}", s.name)));
@@ -141,18 +198,22 @@ pub fn check(
     let teachers: Vec<_> = (0..inputs.settings.len())
         .filter_map(|m| failures.note(teacher_plan(config, &inputs, m)))
         .collect();
+    let documents = failures
+        .note(longest_document(config, &inputs, &sources))
+        .unwrap_or(0);
+    let with_documents = |m: MemoryEstimate| MemoryEstimate { documents, ..m };
     let memory = failures.note(memory::estimate(config, &inputs, accum.unwrap_or(1)));
+    let memory = memory.map(with_documents);
     let free = match kind {
         DeviceKind::Cuda => xtoken_kernels::device::cuda_free_memory(0),
         _ => None,
     };
     // `train` compares the estimate of one worker's share of the step, as `Run::open` does.
     let one = config.grad_accum(1);
-    let fits = one.and_then(|accum| memory::estimate(config, &inputs, accum));
-    failures.note(fits.and_then(|m| memory::check_fits(&m, free)));
-    let (Some(accum), Some(memory), true) = (accum, memory, failures.0.is_empty()) else {
-        return Err(failures.into_error());
-    };
+    let fits = one.and_then(|accum| memory::estimate(config, &inputs, accum).map(with_documents));
+    let limit = free.or(device_memory);
+    failures.note(fits.and_then(|m| memory::check_fits(&m, limit, "the estimate is above")));
+    let (accum, memory) = (accum?, memory?);
     let t = &config.training;
     let student = &inputs.student_config.architecture;
     let on_policy = config.on_policy_active().cloned().map(|o| {
@@ -163,7 +224,7 @@ pub fn check(
         let cache = o.generation_batch as u64 * positions * per_position as u64;
         (o, t.batch_size, cache)
     });
-    Ok(Preflight {
+    Some(Preflight {
         on_policy,
         workers,
         steps: t.steps,
@@ -172,9 +233,9 @@ pub fn check(
         student: (
             config.student.model.clone(),
             student.num_parameters(),
-            config.student_dtype()?,
+            config.student_dtype().ok()?,
         ),
-        compute_dtype: config.compute_dtype()?,
+        compute_dtype: config.compute_dtype().ok()?,
         memory,
         teachers,
         sources,
@@ -185,26 +246,118 @@ pub fn check(
     })
 }
 
-/// The failures a check found so far.
-#[derive(Default)]
-struct Failures(Vec<String>);
+/// Where a resumed run continues, found by the checks `train --resume` makes before it loads a
+/// weight (and `--check` makes the same way): the configuration it started with, the newest
+/// intact checkpoint, and the data as it is now.
+#[derive(Debug, Default)]
+pub struct ResumePoint {
+    /// When the configuration changed since the run started: the one it started with, and
+    /// whether `training.steps` was extended.
+    pub changed: Option<(RunConfig, bool)>,
+    /// The newest intact checkpoint and its state (`None`: the run starts from step 0).
+    pub checkpoint: Option<(PathBuf, crate::train::checkpoint::CheckpointState)>,
+    /// The data's shards now, as the checkpoint records them.
+    pub data: Vec<crate::data::fingerprint::ShardPrint>,
+}
 
-impl Failures {
-    /// Keeps a failure's report; the value of a success.
-    fn note<T>(&mut self, result: Result<T>) -> Option<T> {
-        result.map_err(|e| self.0.push(e.report())).ok()
+/// Checks a run's resumption (with `options.resume`) against its run directory and `sources`:
+/// the configuration may change only where a resumed run allows, an intact checkpoint must be
+/// there when any is, `--stop-after` and raised `training.steps` must lie past its step, and the
+/// data's shards must be those it recorded (or `--allow-data-change`). Every check runs; the
+/// error lists each failure.
+pub fn resume_point(
+    config: &RunConfig,
+    options: &RunOptions,
+    sources: &[Source],
+) -> Result<ResumePoint> {
+    let mut failures = Failures::default();
+    let data = failures.note(crate::data::fingerprint::of_sources(sources));
+    if !options.resume {
+        return failures.or_value(ResumePoint {
+            data: data.unwrap_or_default(),
+            ..Default::default()
+        });
     }
-
-    fn into_error(self) -> Error {
-        match self.0.as_slice() {
-            [one] => Error::Config(one.clone()),
-            many => Error::Config(format!(
-                "{} problems, each of which stops the run before its first step:\n  - {}",
-                many.len(),
-                many.join("\n  - ")
-            )),
+    let changed = failures
+        .note(changed_configuration(config, options))
+        .flatten();
+    let checkpoints = config.output_dir.join("checkpoints");
+    let checkpoint = failures
+        .note(crate::train::checkpoint::latest(&checkpoints))
+        .flatten();
+    if let Some((_, state)) = &checkpoint {
+        let extended = changed.as_ref().is_some_and(|(_, extended)| *extended);
+        if extended && config.training.steps <= state.step {
+            failures.note::<()>(Err(Error::Config(format!(
+                "training.steps = {}: the run resumes after step {}; give more steps",
+                config.training.steps, state.step
+            ))));
+        }
+        if let Some(stop) = options.stop_after.filter(|&stop| stop <= state.step) {
+            failures.note::<()>(Err(Error::Config(format!(
+                "--stop-after {stop}: the run resumed at step {}, with nothing left to train \
+                 before it; give a later step",
+                state.step
+            ))));
+        }
+        if let Some(now) = &data {
+            failures.note(data_unchanged(state, now, options));
         }
     }
+    failures.or_value(ResumePoint {
+        changed,
+        checkpoint,
+        data: data.unwrap_or_default(),
+    })
+}
+
+/// The configuration a resumed run started with and whether its steps were extended, when
+/// `config` differs from the run directory's `run.toml` (an error names each refused change).
+fn changed_configuration(
+    config: &RunConfig,
+    options: &RunOptions,
+) -> Result<Option<(RunConfig, bool)>> {
+    let run_toml = config.output_dir.join("run.toml");
+    let saved = std::fs::read_to_string(&run_toml).with_context(|| {
+        format!(
+            "{}: --resume needs the run directory of an earlier run",
+            run_toml.display()
+        )
+    })?;
+    if saved == crate::train::resume::resolved_text(config)? && options.extend.is_none() {
+        return Ok(None);
+    }
+    let started = RunConfig::load_saved(&run_toml)?;
+    let extended = crate::train::resume::check(&started, config, options.extend)
+        .with_context(|| format!("--resume ({})", run_toml.display()))?;
+    Ok(Some((started, extended)))
+}
+
+/// The data's shards `now` against those the checkpoint recorded (see
+/// [`crate::data::fingerprint`]): a change is an error naming each shard, unless
+/// `--allow-data-change`, when it is logged. A checkpoint written before shards were recorded
+/// accepts any.
+fn data_unchanged(
+    state: &crate::train::checkpoint::CheckpointState,
+    now: &[crate::data::fingerprint::ShardPrint],
+    options: &RunOptions,
+) -> Result<()> {
+    let changes = crate::data::fingerprint::changes(&state.data, now);
+    if state.data.is_empty() || changes.is_empty() {
+        return Ok(());
+    }
+    if !options.allow_data_change {
+        return Err(Error::Data(format!(
+            "the training data changed since the checkpoint of step {}: {}; restore it, or \
+             pass --allow-data-change to train on the data as it is now",
+            state.step,
+            changes.join("; ")
+        )));
+    }
+    for change in &changes {
+        tracing::warn!("--allow-data-change: {change}");
+    }
+    Ok(())
 }
 
 /// The command-line choices a run refuses before it reads anything: `--stop-after` outside
@@ -273,11 +426,8 @@ pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -
         .collect();
     refuse_holding(&student, &data).context("output_dir")?;
     if checking {
-        if let Some(holder) = crate::train::lock::RunLock::held_elsewhere(out) {
-            return Err(Error::Run(format!(
-                "{}: another xtoken process trains in this run directory ({holder})",
-                out.display()
-            )));
+        if let Some(why) = crate::train::lock::RunLock::held_elsewhere(out) {
+            return Err(Error::Run(why));
         }
     }
     Ok(())
@@ -296,6 +446,9 @@ fn read_first_documents(fields: &Fields) -> impl Fn(&Source) -> Result<SourcePla
         let mut bytes = 0;
         let mut documents = 0;
         let mut long_documents = Vec::new();
+        if let Some(field) = &fields.prompt {
+            first_prompt(source, fields, field)?;
+        }
         for shard in &source.shards {
             let mut reader = DocumentReader::open(&shard.path, shard.format, fields.clone())?;
             if let Some(doc) = reader.next_doc()? {
@@ -328,6 +481,82 @@ fn read_first_documents(fields: &Fields) -> impl Fn(&Source) -> Result<SourcePla
             long_documents,
         })
     }
+}
+
+/// The host bytes of the longest of the shards' first documents that is aligned in pieces
+/// (0 when none is): its student tokens estimated from those of its first 64 KiB.
+fn longest_document(config: &RunConfig, inputs: &RunInputs, sources: &[SourcePlan]) -> Result<u64> {
+    let longest = sources
+        .iter()
+        .flat_map(|s| &s.long_documents)
+        .max_by_key(|(_, bytes)| *bytes);
+    let Some((path, bytes)) = longest else {
+        return Ok(0);
+    };
+    let shard = inputs
+        .sources
+        .iter()
+        .flat_map(|s| &s.shards)
+        .find(|s| &s.path == path);
+    let Some(shard) = shard else {
+        return Ok(0);
+    };
+    let fields = crate::data::prompts::fields(config);
+    let mut reader = DocumentReader::open(path, shard.format, fields)?;
+    let Some(doc) = reader.next_doc()? else {
+        return Ok(0);
+    };
+    let text = reader.extractor().text(&doc)?;
+    // 64 KiB tell the tokens per byte well enough, and take little memory to tokenize.
+    let mut end = (64 << 10).min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let tokens = inputs.pipeline.student.encode(&text[..end])?.len() as u64;
+    let per_byte = tokens as f64 / end.max(1) as f64;
+    let tokens = (per_byte * *bytes as f64).ceil() as u64;
+    Ok(memory::document_bytes(tokens, inputs.settings.len()))
+}
+
+/// With `on_policy.prompt_field`, checks that every source has a record with a prompt among its
+/// first [`PROMPTLESS_STREAMED`] (`train` before it writes anything, and `--check`).
+pub fn prompts_present(config: &RunConfig, sources: &[Source]) -> Result<()> {
+    let fields = crate::data::prompts::fields(config);
+    let Some(field) = &fields.prompt else {
+        return Ok(());
+    };
+    let mut failures = Failures::default();
+    for source in sources {
+        failures.note(first_prompt(source, &fields, field));
+    }
+    failures.or_value(())
+}
+
+/// Finds a record with a non-empty prompt (`on_policy.prompt_field = field`) among the first
+/// [`PROMPTLESS_STREAMED`] of `source`, as the run needs one within as many.
+fn first_prompt(source: &Source, fields: &Fields, field: &str) -> Result<()> {
+    let mut read = 0;
+    for shard in &source.shards {
+        let mut reader = DocumentReader::open(&shard.path, shard.format, fields.clone())?;
+        while let Some(doc) = reader.next_doc()? {
+            let (_, prompt) = reader.extractor().extract(&doc)?;
+            if prompt.is_some_and(|p| !p.is_empty()) {
+                return Ok(());
+            }
+            read += 1;
+            if read >= PROMPTLESS_STREAMED {
+                break;
+            }
+        }
+        if read >= PROMPTLESS_STREAMED {
+            break;
+        }
+    }
+    Err(Error::Data(format!(
+        "on_policy.prompt_field = {field:?}: none of the first {read} records of data {} has a \
+         prompt there (the field is missing, null or an empty string in each)",
+        source.name
+    )))
 }
 
 /// Teacher `m`'s loss (the audit's choice for `auto`) and W; an absent W is built in memory for
@@ -363,6 +592,14 @@ fn teacher_plan(config: &RunConfig, inputs: &RunInputs, m: usize) -> Result<Teac
         loss,
         projection: needs_w.then(|| (path.clone(), path.exists())),
     })
+}
+
+/// The longest document's part of an estimate, where it counts.
+fn document(m: &MemoryEstimate) -> String {
+    match m.documents {
+        0 => String::new(),
+        bytes => format!(", the longest document aligned {}", gb(bytes)),
+    }
 }
 
 fn gb(bytes: u64) -> String {
@@ -472,7 +709,7 @@ impl fmt::Display for Preflight {
             gb(m.activations),
             gb(m.targets),
             match m.on_host {
-                true => format!(", tokenizers and aligners {}", gb(m.inputs)),
+                true => format!(", tokenizers and aligners {}{}", gb(m.inputs), document(m)),
                 false => String::new(),
             }
         )?;
@@ -482,9 +719,10 @@ impl fmt::Display for Preflight {
         };
         write!(
             f,
-            "host memory of one process, estimated: {} (tokenizers and aligners {}{devices})",
+            "host memory of one process, estimated: {} (tokenizers and aligners {}{}{devices})",
             gb(m.host_per_process(self.workers)),
-            gb(m.inputs)
+            gb(m.inputs),
+            document(m)
         )
     }
 }

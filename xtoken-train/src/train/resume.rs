@@ -36,6 +36,14 @@ impl std::str::FromStr for Extension {
     }
 }
 
+/// The configuration as resolved for this run, for the comparison on `--resume` (the device
+/// may change between a run and its resumption).
+pub(crate) fn resolved_text(config: &RunConfig) -> Result<String> {
+    let mut c = config.clone();
+    c.device = String::new();
+    toml::to_string(&c).map_err(|e| Error::Config(format!("writing run.toml: {e}")))
+}
+
 /// The configuration with every field a resumed run may change set to one value.
 fn fixed_part(config: &RunConfig) -> RunConfig {
     let mut c = config.clone();
@@ -76,13 +84,15 @@ pub fn check(saved: &RunConfig, config: &RunConfig, extension: Option<Extension>
         (true, Some(_)) => Err(Error::Config(format!(
             "--extend-steps: training.steps is still {now}; raise it in the configuration"
         ))),
+        (false, _) if now < was => Err(Error::Config(format!(
+            "training.steps = {now}: fewer than the run's {was}, and a run is never shortened \
+             (its schedule depends on the total); restore {was}, and pass --stop-after {now} to \
+             stop after step {now}"
+        ))),
         (false, None) => Err(Error::Config(format!(
             "training.steps = {now}: the run was started with {was}; pass --extend-steps decay \
              (the rate reached decays to min_lr at the new end) or --extend-steps stretch (the \
              schedule recomputed over {now} steps)"
-        ))),
-        (false, Some(_)) if now < was => Err(Error::Config(format!(
-            "training.steps = {now}: fewer than the run's {was}; --extend-steps only extends"
         ))),
         (false, Some(_)) => Ok(true),
     }
@@ -179,10 +189,17 @@ steps = 100
             .unwrap_err()
             .report();
         assert!(err.contains("still 100"), "{err}");
-        let err = check(&saved, &with("steps = 50"), Some(Extension::Decay))
-            .unwrap_err()
-            .report();
-        assert!(err.contains("only extends"), "{err}");
+        // Fewer steps: never `--extend-steps` (which would refuse them), but `--stop-after`.
+        for extension in [None, Some(Extension::Decay)] {
+            let err = check(&saved, &with("steps = 50"), extension)
+                .unwrap_err()
+                .report();
+            assert!(
+                err.contains("never shortened") && err.contains("--stop-after 50"),
+                "{err}"
+            );
+            assert!(!err.contains("pass --extend-steps"), "{err}");
+        }
         assert_eq!("stretch".parse::<Extension>().unwrap(), Extension::Stretch);
         assert!("cosine".parse::<Extension>().is_err());
     }

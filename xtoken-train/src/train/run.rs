@@ -39,7 +39,8 @@ use crate::train::memory::MemoryEstimate;
 use crate::train::on_policy::OnPolicy;
 use crate::train::optim::Trainable;
 use crate::train::options::RunOptions;
-use crate::train::resume::Extension;
+use crate::train::preflight;
+use crate::train::resume::{resolved_text, Extension};
 use crate::train::schedule::{anchored_rate, DecayAnchor};
 use crate::train::step::{held_out as held_out_values, step, LossSetup, StepRates};
 use crate::train::teachers::{dtype_of, Teacher};
@@ -131,13 +132,16 @@ impl<B: TrainBackend> Run<B> {
         worker: Worker,
     ) -> Result<Self> {
         let lead = worker.leads();
-        let changed = open_directory(&config, options, lead)?;
+        open_directory(&config, options, lead)?;
         let progress = Progress::new(lead, &config);
         let inputs = RunInputs::load(&config, progress.visible)?;
+        let point = preflight::resume_point(&config, options, &inputs.sources)?;
+        preflight::prompts_present(&config, &inputs.sources)?;
         let memory = crate::train::memory::estimate(&config, &inputs, config.grad_accum(1)?)?;
         let memory_cap = crate::train::memory::cap()?;
         if !options.skip_memory_check {
-            crate::train::memory::check_fits(&memory, B::free_bytes(&device))?;
+            let seen = "see `xtoken train --check`";
+            crate::train::memory::check_fits(&memory, B::free_bytes(&device), seen)?;
         }
         let mut teachers = (0..inputs.settings.len())
             .map(|m| Teacher::<B>::load(&config, &inputs, m, &device, lead))
@@ -145,14 +149,14 @@ impl<B: TrainBackend> Run<B> {
         let mut trainable = load_student(&config, &teachers, &device, lead)?;
         let mut state = restore(
             &config,
-            options.resume,
+            (options.resume, &point),
             &mut trainable,
             &mut teachers,
             &device,
             lead,
         )?;
-        check_data(&inputs, &mut state, options)?;
-        let pending_run_toml = match changed {
+        state.data = point.data;
+        let pending_run_toml = match point.changed {
             Some((started, extended)) => {
                 let text = extend(&config, &started, &mut state, extended, options.extend)?;
                 // The configuration file given is run.toml itself: it is never rewritten.
@@ -160,13 +164,6 @@ impl<B: TrainBackend> Run<B> {
             }
             None => None,
         };
-        if let Some(stop) = options.stop_after.filter(|&stop| stop <= state.step) {
-            return Err(Error::Config(format!(
-                "--stop-after {stop}: the run resumed at step {}, with nothing left to train before \
-                 it; give a later step",
-                state.step
-            )));
-        }
         let names: Vec<String> = teachers.iter().map(|t| t.settings.name.clone()).collect();
         let metrics = lead
             .then(|| {
@@ -550,41 +547,13 @@ fn catch_out_of_memory<T>(step: u64, work: impl FnOnce() -> Result<T>) -> Result
     }
 }
 
-/// The configuration as resolved for this run, for the comparison on `--resume` (the device
-/// may change between a run and its resumption).
-pub(crate) fn resolved_text(config: &RunConfig) -> Result<String> {
-    let mut c = config.clone();
-    c.device = String::new();
-    toml::to_string(&c).map_err(|e| Error::Config(format!("writing run.toml: {e}")))
-}
-
-/// Creates the run directory, or checks what a resumed run changes of its configuration
-/// ([`crate::train::resume::check`]); a fresh run refuses a directory that holds checkpoints. Returns,
-/// for a resumed run whose configuration differs from run.toml's, the configuration it was
-/// started with and whether its steps changed.
-fn open_directory(
-    config: &RunConfig,
-    options: &RunOptions,
-    lead: bool,
-) -> Result<Option<(RunConfig, bool)>> {
-    let out = &config.output_dir;
-    let run_toml = out.join("run.toml");
-    let text = resolved_text(config)?;
+/// Records a fresh run's configuration in its directory, refusing one that holds checkpoints;
+/// a resumed run's directory is checked by [`preflight::resume_point`].
+fn open_directory(config: &RunConfig, options: &RunOptions, lead: bool) -> Result<()> {
     if options.resume {
-        let saved = std::fs::read_to_string(&run_toml).with_context(|| {
-            format!(
-                "{}: --resume needs the run directory of an earlier run",
-                run_toml.display()
-            )
-        })?;
-        if saved == text && options.extend.is_none() {
-            return Ok(None);
-        }
-        let started = RunConfig::load_saved(&run_toml)?;
-        let extended = crate::train::resume::check(&started, config, options.extend)
-            .with_context(|| format!("--resume ({})", run_toml.display()))?;
-        return Ok(Some((started, extended)));
+        return Ok(());
     }
+    let out = &config.output_dir;
     if checkpoint::any(&out.join("checkpoints"))? {
         return Err(Error::Run(format!(
             "{} already holds checkpoints: pass --resume to continue that run, or choose another output_dir",
@@ -592,9 +561,9 @@ fn open_directory(
         )));
     }
     if lead {
-        write_atomically(&run_toml, &text)?;
+        write_atomically(&out.join("run.toml"), &resolved_text(config)?)?;
     }
-    Ok(None)
+    Ok(())
 }
 
 /// Creates the run directory (a resumed run's must hold its `run.toml`) and takes its lock.
@@ -612,30 +581,6 @@ fn same_file(options: &RunOptions, config: &RunConfig) -> bool {
         .is_some_and(|file| crate::paths::same(file, &run_toml))
 }
 
-/// Compares the data's shards with those the checkpoint recorded (see
-/// [`crate::data::fingerprint`]): a change is an error naming each shard, unless
-/// `allow_data_change`, when it is logged and the new shards recorded. A fresh run (or a
-/// checkpoint written before shards were recorded) records them.
-fn check_data(inputs: &RunInputs, state: &mut CheckpointState, options: &RunOptions) -> Result<()> {
-    let now = crate::data::fingerprint::of_sources(&inputs.sources)?;
-    let changes = crate::data::fingerprint::changes(&state.data, &now);
-    if !state.data.is_empty() && !changes.is_empty() {
-        if !options.allow_data_change {
-            return Err(Error::Data(format!(
-                "the training data changed since the checkpoint of step {}: {}; restore it, or \
-                 pass --allow-data-change to train on the data as it is now",
-                state.step,
-                changes.join("; ")
-            )));
-        }
-        for change in &changes {
-            tracing::warn!("--allow-data-change: {change}");
-        }
-    }
-    state.data = now;
-    Ok(())
-}
-
 /// A resumed run's changed configuration: with extended steps, where the schedule goes on
 /// (`decay` anchors a new decay at the rate reached under the run's old steps). Returns the
 /// run.toml to write with the next checkpoint.
@@ -647,13 +592,8 @@ fn extend(
     how: Option<Extension>,
 ) -> Result<String> {
     if extended {
+        // `training.steps` past the checkpoint's step: checked by `preflight::resume_point`.
         let t = &config.training;
-        if t.steps <= state.step {
-            return Err(Error::Config(format!(
-                "training.steps = {}: the run resumes after step {}; give more steps",
-                t.steps, state.step
-            )));
-        }
         if how == Some(Extension::Decay) {
             let s = &started.training;
             let rate = |k| anchored_rate(k, s.steps, (s.lr, s.warmup, s.min_lr), state.decay_from);
@@ -747,7 +687,7 @@ fn load_student<B: TrainBackend>(
 /// the student, the optimizers and each W.
 fn restore<B: TrainBackend>(
     config: &RunConfig,
-    resume: bool,
+    (resume, point): (bool, &preflight::ResumePoint),
     trainable: &mut Trainable<B>,
     teachers: &mut [Teacher<B>],
     device: &B::Device,
@@ -763,15 +703,11 @@ fn restore<B: TrainBackend>(
         data: Vec::new(),
         scaling: None,
     };
-    if !resume {
-        return Ok(fresh);
-    }
-    let checkpoints = config.output_dir.join("checkpoints");
-    let Some((dir, saved)) = checkpoint::latest(&checkpoints)? else {
-        if lead {
+    let Some((dir, saved)) = point.checkpoint.clone() else {
+        if lead && resume {
             tracing::info!(
                 "no checkpoint in {}: starting from step 0",
-                checkpoints.display()
+                config.output_dir.join("checkpoints").display()
             );
         }
         return Ok(fresh);

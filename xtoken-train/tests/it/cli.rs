@@ -496,7 +496,7 @@ fn outputs_never_replace_inputs() {
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(
-        err.contains("refusing to overwrite") && err.contains("--input"),
+        err.contains("refusing to write over an input") && err.contains("--input"),
         "{err}"
     );
     assert_eq!(

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 /// the ground when it stands at the top.
 const FLOORS: [&[&str]; 4] = [&["data", "cluster"], &["harness"], &["observe"], &["train"]];
 
-/// The ground's folders (beside its files: `error`, `backend`, `machine`, `paths`).
+/// The ground's folders (beside its files: `error`, `backend`, `machine`, `paths`, `output`).
 const GROUND: [&str; 1] = ["config"];
 
 /// The binary's own modules; everything else under `src/` is the library's.

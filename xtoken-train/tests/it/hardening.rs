@@ -6,40 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+use xtoken_testkit::files::{differences, snapshot};
+
 use crate::fixture::*;
-
-/// Every file and symbolic link under `dir` with its bytes (a link: its target).
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
-            if meta.file_type().is_symlink() {
-                let target = std::fs::read_link(&path).unwrap();
-                out.insert(path, target.to_string_lossy().as_bytes().to_vec());
-            } else if meta.is_dir() {
-                out.insert(path.clone(), Vec::new());
-                stack.push(path);
-            } else {
-                out.insert(path.clone(), std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    out
-}
-
-/// The paths that differ between two snapshots.
-fn differences(a: &BTreeMap<PathBuf, Vec<u8>>, b: &BTreeMap<PathBuf, Vec<u8>>) -> Vec<PathBuf> {
-    let mut keys: Vec<&PathBuf> = a.keys().chain(b.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    keys.into_iter()
-        .filter(|k| a.get(*k) != b.get(*k))
-        .cloned()
-        .collect()
-}
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -95,7 +64,11 @@ fn export_never_touches_a_file_it_did_not_write() {
         (root.join("run-link/new"), "inside the run directory"),
         (f.student.clone(), "the student's model directory"),
         (root.join("student-link"), "the student's model directory"),
-        (f.student.join("tokenizer.json"), "a file is there"),
+        (
+            f.student.join("tokenizer.json"),
+            "inside the student's model directory",
+        ),
+        (root.join("train.jsonl"), "a file is there"),
         (root.clone(), "holds"),
         (foreign.clone(), "holds todo.txt"),
     ];
@@ -126,6 +99,15 @@ fn export_never_touches_a_file_it_did_not_write() {
     assert!(differences(&before, &snapshot(&run)).is_empty());
     std::fs::write(fresh.join("mine.txt"), "x").unwrap();
     refused(root, &args, "holds mine.txt");
+    let (nowhere, never) = (run.join("checkpoints/step-00000099"), root.join("never"));
+    let args = [
+        "export",
+        "--checkpoint",
+        nowhere.to_str().unwrap(),
+        "--out",
+        never.to_str().unwrap(),
+    ];
+    refused(root, &args, "step-00000099: no such checkpoint");
 
     // The run's final student replaced by a link to the student's model directory: resuming
     // (or checking the resumption) would write the student over its own input.
@@ -319,10 +301,38 @@ fn a_very_long_document_is_aligned_in_pieces() {
     ok(check);
     assert!(
         plan.contains("train.jsonl: its first document is 3.00 MB long")
-            && plan.contains("aligned in pieces of at most 1 MiB"),
+            && plan.contains("aligned in pieces of at most 1 MiB")
+            && plan.contains("the longest document aligned"),
         "{plan}"
     );
     ok(train(&path, &["--stop-after", "2"]));
+
+    // Held whole once aligned, the document is the estimate's largest part, and an ending out
+    // of memory names it.
+    let capped = |cap: &str, args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_xtoken"))
+            .args(args)
+            .env("XTOKEN_MEMORY_CAP", cap)
+            .output()
+            .unwrap()
+    };
+    let p = path.to_str().unwrap();
+    let out = capped("150MB", &["train", "--config", p, "--check"]);
+    let err = stderr(&out);
+    assert!(
+        err.contains("the largest part is the longest document"),
+        "{err}"
+    );
+    let fresh = config(&f, "capped", "");
+    let out = capped("150MB", &["train", "--config", fresh.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("out of memory")
+            && err.contains("the longest document aligned was 3.0 MB")
+            && err.contains("train.jsonl:1"),
+        "{err}"
+    );
 }
 
 /// `--check` runs every check `train` runs before its first step and names every failure, not
@@ -440,4 +450,246 @@ fn an_interrupted_align_leaves_no_temporary_file() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert!(!tmp.exists() && !out.exists());
+}
+
+/// The files of a directory by name, with their bytes.
+fn contents(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&p).unwrap())
+        })
+        .collect()
+}
+
+/// Ctrl-C at any moment of `export --out` over an earlier export leaves either the earlier
+/// export whole or the new one whole, and nothing beside it.
+#[test]
+#[cfg(unix)]
+fn an_interrupted_export_leaves_the_earlier_one_whole() {
+    let f = fixture("harden-export-int");
+    ok(train(&config(&f, "run", ""), &[]));
+    let root = &f.dir.0;
+    let step = |n: u32| {
+        let dir = root.join(format!("run/checkpoints/step-{n:08}"));
+        dir.display().to_string()
+    };
+    let export = |checkpoint: &str, out: &Path| {
+        let args = [
+            "export",
+            "--checkpoint",
+            checkpoint,
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        ok(xtoken(&args));
+    };
+    let (old, new) = (root.join("old"), root.join("new"));
+    export(&step(6), &old);
+    export(&step(4), &new);
+    let (old, new) = (contents(&old), contents(&new));
+    assert_ne!(old, new);
+    let out = root.join("exports/current");
+    let mut interrupted = 0;
+    for attempt in 0..32u64 {
+        std::fs::remove_dir_all(root.join("exports")).ok();
+        export(&step(6), &out);
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_xtoken"))
+            .args([
+                "export",
+                "--checkpoint",
+                &step(4),
+                "--out",
+                out.to_str().unwrap(),
+            ])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // From the handler's start to the swap and after: each attempt a little later.
+        std::thread::sleep(std::time::Duration::from_millis(attempt));
+        let signal = format!("kill -INT {} 2>/dev/null", child.id());
+        std::process::Command::new("sh")
+            .args(["-c", &signal])
+            .status()
+            .unwrap();
+        let status = child.wait().unwrap();
+        interrupted += usize::from(status.code() == Some(130));
+        let now = contents(&out);
+        assert!(
+            now == old || now == new,
+            "attempt {attempt}: a mixed export"
+        );
+        let beside: Vec<_> = std::fs::read_dir(root.join("exports")).unwrap().collect();
+        assert_eq!(
+            beside.len(),
+            1,
+            "attempt {attempt}: something left beside the export"
+        );
+    }
+    assert!(interrupted > 0, "no attempt was interrupted");
+}
+
+/// For every refusal `train` makes before its first step, `train --check` makes the same one,
+/// with the same words: on resumption (data changed, a refused field changed, steps raised
+/// without `--extend-steps` or lowered, `--stop-after` already passed, every checkpoint
+/// damaged), `[eval]` benchmarks without their files, and on-policy prompts missing or empty in
+/// every record. Neither writes a file.
+#[test]
+fn check_refuses_what_train_refuses() {
+    let f = fixture("harden-check-equals");
+    let root = &f.dir.0;
+    let path = config(&f, "run", "");
+    ok(train(&path, &["--stop-after", "4"]));
+    let edited = |name: &str, from: &str, to: &str| {
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{from:?}");
+        let out = root.join(name);
+        std::fs::write(&out, text.replace(from, to)).unwrap();
+        out.display().to_string()
+    };
+    let same_for_both = |config: &str, extra: &[&str], expect: &str| {
+        for args in &train_and_check(config, extra) {
+            refused(root, args, expect);
+        }
+    };
+    let p = path.to_str().unwrap();
+    same_for_both(
+        &edited("top-k.toml", "top_k = 16", "top_k = 8"),
+        &["--resume"],
+        "loss.top_k changed since the run started",
+    );
+    same_for_both(
+        &edited("lr.toml", "warmup = 0.2", "warmup = 0.2\nlr = 0.01"),
+        &["--resume"],
+        "training.lr changed since the run started",
+    );
+    same_for_both(
+        &edited("more.toml", "steps = 6", "steps = 9"),
+        &["--resume"],
+        "pass --extend-steps decay",
+    );
+    same_for_both(
+        &edited("fewer.toml", "steps = 6", "steps = 3"),
+        &["--resume"],
+        "a run is never shortened",
+    );
+    same_for_both(
+        p,
+        &["--resume", "--stop-after", "3"],
+        "--stop-after 3: the run resumed at step 4",
+    );
+    let data = std::fs::read(&f.data).unwrap();
+    std::fs::write(&f.data, [&data[..], b"{\"text\": \"one more\"}\n"].concat()).unwrap();
+    same_for_both(
+        p,
+        &["--resume"],
+        "the training data changed since the checkpoint of step 4",
+    );
+    std::fs::write(&f.data, &data).unwrap();
+
+    let eval = format!(
+        "[eval]\nevery = 2\ntasks = [\"gsm8k\"]\ntasks_data = \"{}\"\n",
+        root.join("nowhere").display()
+    );
+    let benchmarks = config(&f, "benchmarks", &eval);
+    same_for_both(
+        benchmarks.to_str().unwrap(),
+        &[],
+        "nowhere: no such directory",
+    );
+    let on_policy = "[on_policy]\nfraction = 0.5\nprompt_field = \"prompt\"\nmax_new_tokens = 8\n";
+    let prompts = config(&f, "prompts", on_policy);
+    same_for_both(
+        prompts.to_str().unwrap(),
+        &[],
+        "none of the first 40 records",
+    );
+    assert!(!root.join("benchmarks").exists() && !root.join("prompts").exists());
+
+    for step in ["step-00000002", "step-00000004"] {
+        std::fs::write(
+            root.join("run/checkpoints").join(step).join("state.json"),
+            "{",
+        )
+        .unwrap();
+    }
+    same_for_both(p, &["--resume"], "no intact checkpoint");
+}
+
+/// `--check` names each bad value and each missing input, not only the first; refused for
+/// memory it prints the estimate's table first; for a CUDA run planned on a machine without the
+/// GPU it prints the plan with `--gpu-memory`'s limit and lists the missing device.
+#[test]
+fn check_lists_every_bad_value_and_input_and_shows_its_plan() {
+    let f = fixture("harden-check-all");
+    let root = &f.dir.0;
+    let path = config(&f, "run", "");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let bad = root.join("bad.toml");
+    let values = text
+        .replace("warmup = 0.2", "warmup = 0.2\nlr = -1.0\nbeta1 = 2.0")
+        .replace("every = 2", "every = 0");
+    std::fs::write(&bad, values).unwrap();
+    let args = ["train", "--config", bad.to_str().unwrap(), "--check"];
+    refused(root, &args, "problems");
+    let err = stderr(&xtoken(&args));
+    for expect in [
+        "training.lr = -1",
+        "training.beta1 = 2",
+        "checkpoint.every = 0",
+    ] {
+        assert!(err.contains(expect), "{expect:?} in:\n{err}");
+    }
+
+    let missing = root.join("missing.toml");
+    let gone = |p: &Path| p.display().to_string();
+    let text = text
+        .replace(&gone(&f.student), &gone(&root.join("no-student")))
+        .replace(&gone(&f.teacher), &gone(&root.join("no-teacher")))
+        .replace(&gone(&f.data), &gone(&root.join("no-data.jsonl")));
+    std::fs::write(&missing, format!("device = \"cuda\"\n{text}")).unwrap();
+    let args = ["train", "--config", missing.to_str().unwrap(), "--check"];
+    let err = stderr(&xtoken(&args));
+    for expect in [
+        "student.model",
+        "teachers[0].model (digits)",
+        "data.path",
+        "cuda",
+    ] {
+        assert!(err.contains(expect), "{expect:?} in:\n{err}");
+    }
+
+    // On the CUDA device of a machine without one: the plan, its estimate for 1 GB of device
+    // memory, and the missing device among the failures.
+    let cuda = root.join("cuda.toml");
+    std::fs::write(
+        &cuda,
+        format!(
+            "device = \"cuda\"\n{}",
+            std::fs::read_to_string(&path).unwrap()
+        ),
+    )
+    .unwrap();
+    let c = cuda.to_str().unwrap();
+    let out = xtoken(&["train", "--config", c, "--check", "--gpu-memory", "1GB"]);
+    let plan = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{plan}");
+    assert!(plan.contains("Steps") || plan.contains("steps"), "{plan}");
+    assert!(plan.to_lowercase().contains("memory"), "{plan}");
+    let out = xtoken(&["train", "--config", c, "--check", "--gpu-memory", "1MB"]);
+    let (plan, err) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr(&out),
+    );
+    assert!(
+        plan.to_lowercase().contains("memory"),
+        "the estimate comes first:\n{plan}"
+    );
+    assert!(
+        err.contains("more than the 1.0 MB the device has free")
+            && err.contains("the estimate is above"),
+        "{err}"
+    );
 }

@@ -406,7 +406,14 @@ fn bad_inputs_name_what_is_wrong() {
     )
     .unwrap_err()
     .to_string();
-    assert!(err.contains("no `mmlu` directory"), "{err}");
+    assert!(err.contains("missing: no such directory"), "{err}");
+    let empty = std::env::temp_dir().join(format!("xtoken-no-tasks-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = task_dir(&empty, tasks::named("hellaswag").unwrap().as_ref())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no `hellaswag` directory"), "{err}");
+    std::fs::remove_dir(&empty).unwrap();
     let err = tasks::named("arc").err().unwrap().to_string();
     assert!(err.contains("unknown task `arc`"), "{err}");
     // More shots than the subset has solved examples.
@@ -501,10 +508,12 @@ fn the_eval_command_prints_and_writes_the_report() {
             out.to_str().unwrap(),
         ])
     };
-    let done = run("mmlu,hellaswag", &model);
+    // A task named twice is scored once.
+    let done = run("mmlu,hellaswag,mmlu", &model);
     let stdout = String::from_utf8_lossy(&done.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
     assert!(done.status.success(), "{stderr}");
+    assert_eq!(stdout.matches("| mmlu |").count(), 1, "{stdout}");
     assert!(
         stdout.contains("| mmlu | acc * | 5 | 40.00 | 27.89 |"),
         "{stdout}"
@@ -522,6 +531,28 @@ fn the_eval_command_prints_and_writes_the_report() {
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     assert_eq!(json["shots"], 3);
+    // An earlier evaluation's results are replaced; a file of the user's is never.
+    assert!(run("hellaswag", &model).status.success());
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    let refused = run("hellaswag", &model);
+    let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(stderr.contains("it holds notes.txt"), "{stderr}");
+    std::fs::remove_file(out.join("notes.txt")).unwrap();
+    let file = out.join("results.md");
+    let refused = xtoken(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        file.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(
+        stderr.contains("a file is there; an evaluation writes a directory"),
+        "{stderr}"
+    );
     let failed = run("mmlu,arc", &model);
     let stderr = String::from_utf8_lossy(&failed.stderr).into_owned();
     assert!(

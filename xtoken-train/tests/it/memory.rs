@@ -112,8 +112,9 @@ fn a_run_past_the_cap_is_refused_before_its_first_step() {
 }
 
 /// An allocation past the cap during a step ends the process at once with a message naming
-/// the cap and exit status 1, not the abort (134) of a failed allocation. `bench train` does not
-/// refuse by the estimate, so its first step meets the cap.
+/// the cap and exit status 1, not the abort (134) of a failed allocation, and removes what
+/// Ctrl-C removes (the run's lock). `bench train` does not refuse by the estimate, so its first
+/// step meets the cap.
 #[test]
 fn an_allocation_past_the_cap_ends_the_run_by_name() {
     let f = fixture("memory-alloc");
@@ -131,4 +132,19 @@ fn an_allocation_past_the_cap_ends_the_run_by_name() {
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_secs(120));
+    let mut stack = vec![f.dir.0.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(
+                name != "xtoken.lock" && !name.contains(".tmp-"),
+                "{} was left behind",
+                path.display()
+            );
+            if path.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
 }

@@ -234,6 +234,9 @@ fn logits_refuses_what_the_model_or_the_machine_cannot_take() {
         assert!(!err.contains("panicked") && !out.exists(), "{err}");
     };
     let llama = fixture("llama3");
+    // No ids at all.
+    write_input(&input, [1, 0], &[], None);
+    refused(&llama, &["`input_ids` has shape [1, 0]: no ids to run"]);
     // 600 positions for max_position_embeddings = 512.
     write_input(&input, [1, 600], &[5; 600], None);
     refused(&llama, &["600 positions", "max_position_embeddings = 512"]);
@@ -279,7 +282,7 @@ fn outputs_never_replace_inputs() {
     let out = logits_command(&model, &input, &input);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("refusing to overwrite"), "{err}");
+    assert!(err.contains("refusing to write over an input"), "{err}");
     assert_eq!(std::fs::read(&input).unwrap(), before);
 
     let weights = std::fs::read(model.join("model.safetensors")).unwrap();
@@ -293,7 +296,7 @@ fn outputs_never_replace_inputs() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("refusing to overwrite"), "{err}");
+    assert!(err.contains("refusing to write over an input"), "{err}");
     assert_eq!(
         std::fs::read(model.join("model.safetensors")).unwrap(),
         weights

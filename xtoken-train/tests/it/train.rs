@@ -253,7 +253,7 @@ fn sizes_and_stops_a_run_cannot_take_are_named_errors() {
     // context_length = 24 for a student trained on 16 positions.
     set_config_field(&f.student, "max_position_embeddings", 16.into());
     refused(
-        "student",
+        "short-student",
         &[],
         &[
             "training.context_length = 24",
@@ -264,7 +264,7 @@ fn sizes_and_stops_a_run_cannot_take_are_named_errors() {
     // The digit-splitting teacher needs more positions for the same rows than it has.
     set_config_field(&f.teacher, "max_position_embeddings", 20.into());
     refused(
-        "teacher",
+        "short-teacher",
         &[],
         &[
             "teacher digits: a packed row holds",

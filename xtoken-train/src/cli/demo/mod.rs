@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Result;
+use xtoken_train::output::{claim_work_dir, Inputs};
 
 use corpus::Problem;
 use models::Numerals;
@@ -41,6 +42,7 @@ use xtoken_core::vocab::Vocabulary;
 pub fn run(mut args: DemoArgs) -> Result<()> {
     args.check()?;
     args.regimes.dedup();
+    claim_work_dir(&Inputs::new(), &args.out, "xtoken demo")?;
     let start = Instant::now();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut results = Vec::new();
