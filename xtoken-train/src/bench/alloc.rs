@@ -77,14 +77,16 @@ fn over_cap(now: usize, bytes: usize) -> ! {
         len: 0,
     };
     let gb = |b: usize| b as f64 / 1e9;
-    let (size, unit) = match bytes {
-        b if b >= 1 << 30 => (b as f64 / 1e9, "GB"),
-        b if b >= 1 << 20 => (b as f64 / 1e6, "MB"),
-        b => (b as f64 / 1e3, "kB"),
+    let (size, unit, decimals) = match bytes {
+        b if b >= 1 << 30 => (b as f64 / 1e9, "GB", 1),
+        b if b >= 1 << 20 => (b as f64 / 1e6, "MB", 1),
+        b if b >= 1 << 10 => (b as f64 / 1e3, "kB", 1),
+        b => (b as f64, "bytes", 0),
     };
     let _ = writeln!(
         message,
-        "error: out of memory: an allocation of {size:.1} {unit} brings the heap to {:.3} GB, \
+        "error: out of memory: an allocation of {size:.decimals$} {unit} brings the heap to \
+         {:.3} GB, \
          past the {:.3} GB cap {} sets; lower training.micro_batch or training.context_length \
          (see `xtoken train --check`)",
         gb(now),

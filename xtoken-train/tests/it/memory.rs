@@ -132,6 +132,23 @@ fn an_allocation_past_the_cap_ends_the_run_by_name() {
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_secs(120));
+    // The allocation's size in a unit that shows it (once "0.000 GB" for a few kilobytes).
+    let size = err
+        .split("an allocation of ")
+        .nth(1)
+        .and_then(|rest| rest.split(" brings").next())
+        .unwrap_or_default();
+    let (number, unit) = size.split_once(' ').unwrap_or_default();
+    let decimals = number.split_once('.').map_or(0, |(_, d)| d.len());
+    assert!(
+        number.parse::<f64>().is_ok_and(|n| n > 0.0)
+            && match unit {
+                "bytes" => decimals == 0,
+                "kB" | "MB" | "GB" => decimals == 1,
+                _ => false,
+            },
+        "{size:?} in:\n{err}"
+    );
     let mut stack = vec![f.dir.0.clone()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
