@@ -154,10 +154,7 @@ impl Drop for NewEntries {
 
 /// Removes every temporary alive in this process (for an interrupt handler, which exits next).
 pub fn remove_all() {
-    let list = std::mem::take(&mut *registry());
-    for path in list {
-        remove(&path);
-    }
+    remove_listed(std::mem::take(&mut *registry()));
 }
 
 /// [`remove_all`] for a process ending from inside an allocation (out of memory): when the
@@ -169,6 +166,10 @@ pub fn remove_all_unless_busy() {
         Err(std::sync::TryLockError::Poisoned(p)) => std::mem::take(&mut *p.into_inner()),
         Err(std::sync::TryLockError::WouldBlock) => return,
     };
+    remove_listed(list);
+}
+
+fn remove_listed(list: Vec<PathBuf>) {
     for path in list {
         remove(&path);
     }

@@ -177,9 +177,8 @@ impl Own<'_> {
                 signature,
                 signed,
             } => {
-                check_dir(out, &meta, what, names)?;
+                let entries = check_dir(out, &meta, what, names)?;
                 let path = out.join(signature);
-                let entries = std::fs::read_dir(out)?.count();
                 if entries > 0 && !(path.is_file() && signed(&path)) {
                     return Err(refusal(
                         out,
@@ -211,7 +210,9 @@ fn writable(path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn check_dir(out: &Path, meta: &std::fs::Metadata, what: &str, names: &Names) -> Result<()> {
+/// Checks that the existing directory `out` holds only writable files of `names`; returns how
+/// many it holds.
+fn check_dir(out: &Path, meta: &std::fs::Metadata, what: &str, names: &Names) -> Result<usize> {
     if !meta.is_dir() {
         return Err(refusal(
             out,
@@ -219,6 +220,7 @@ fn check_dir(out: &Path, meta: &std::fs::Metadata, what: &str, names: &Names) ->
         ));
     }
     let listing = std::fs::read_dir(out).with_context(|| format!("listing {}", out.display()))?;
+    let mut entries = 0;
     for entry in listing {
         let entry = entry.with_context(|| format!("listing {}", out.display()))?;
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -234,8 +236,9 @@ fn check_dir(out: &Path, meta: &std::fs::Metadata, what: &str, names: &Names) ->
             ));
         }
         writable(&entry.path())?;
+        entries += 1;
     }
-    Ok(())
+    Ok(entries)
 }
 
 fn check_work_dir(out: &Path, meta: &std::fs::Metadata) -> Result<()> {

@@ -101,6 +101,14 @@ impl Pipeline {
 /// The longest text aligned in one DP (see [`Pipeline::process`]).
 pub const PIECE_BYTES: usize = 1 << 20;
 
+/// Notes a text longer than a piece before it is aligned (`place`: where it is), so that an
+/// out-of-memory ending can name the longest ([`crate::machine::longest_document`]).
+pub(crate) fn note_if_long(text: &str, place: impl FnOnce() -> String) {
+    if text.len() > PIECE_BYTES {
+        crate::machine::note_long_document(place, text.len());
+    }
+}
+
 /// `text` cut into pieces of at most about `max` bytes, each ending before a whitespace
 /// character (after a sentence's end where one lies in the piece's last quarter); a stretch
 /// with no whitespace at all is cut at a character boundary.
@@ -394,9 +402,7 @@ fn align_batch(
                 return Ok(None);
             }
             let place = || format!("{}:{}", job.input.display(), raw.line);
-            if text.len() > PIECE_BYTES {
-                crate::machine::note_long_document(place, text.len());
-            }
+            note_if_long(&text, place);
             let doc = pipeline
                 .process(ws, &text)
                 .with_context(|| format!("{}: aligning this document", place()))?;

@@ -434,9 +434,7 @@ fn align_batch(pipeline: &Pipeline, batch: RawBatch) -> Result<Vec<StreamedDoc>>
                 return Ok(None);
             }
             let place = || extractor.place(&raw);
-            if text.len() > super::pipeline::PIECE_BYTES {
-                crate::machine::note_long_document(place, text.len());
-            }
+            super::pipeline::note_if_long(&text, place);
             let doc = match text.trim().is_empty() {
                 true => AlignedText::empty(pipeline.teachers.len()),
                 false => pipeline

@@ -99,14 +99,14 @@ pub fn model_names(model: &Path) -> Result<BTreeSet<String>> {
 }
 
 /// Checks that `out` may take an export of `config`'s student before anything is written: it is
-/// not, holds no and lies in no model directory or tokenizer the run reads, and, when it exists,
+/// not, holds no and lies in no model directory, tokenizer or data the run reads, and, when it exists,
 /// it is an earlier export (only files an export writes, `config.json` among them), which is
 /// replaced ([`crate::output`]).
 pub fn check_target(config: &RunConfig, out: &Path) -> Result<()> {
     export_inputs(config).check(out, &export_own(config)?)
 }
 
-/// What an export reads: the model directories and tokenizers of the run.
+/// What the run behind an export reads: its model directories, tokenizers and training data.
 fn export_inputs(config: &RunConfig) -> Inputs {
     let mut inputs = Inputs::new()
         .with(
@@ -119,6 +119,9 @@ fn export_inputs(config: &RunConfig) -> Inputs {
         if let Some(tokenizer) = &t.tokenizer {
             inputs.add("a teacher's tokenizer", tokenizer.clone());
         }
+    }
+    for data in config.data.path.entries() {
+        inputs.add("the training data", data.clone());
     }
     inputs
 }

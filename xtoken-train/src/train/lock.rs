@@ -80,35 +80,18 @@ impl RunLock {
             }
             Err(_) => {}
         }
-        not_a_lock(&path)?;
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        match Holder::parse(&text) {
-            Some(holder) if holder.is_gone() => {
-                tracing::warn!(
-                    "{}: taking over the lock of process {} on {}, which no longer runs",
-                    path.display(),
-                    holder.pid,
-                    holder.host
-                );
-                std::fs::remove_file(&path).ok();
-                create(&path).with_context(|| format!("{}: taking the run's lock", path.display()))
-            }
-            Some(holder) => Err(Error::Run(format!(
-                "{}: another xtoken process trains in this run directory (process {} on {}); \
-                 wait for it to end, or, if no process of this run is alive, remove {} and try \
-                 again",
-                dir.display(),
-                holder.pid,
-                holder.host,
-                path.display()
-            ))),
-            None => Err(Error::Run(format!(
-                "{}: the lock file names no process (it is empty or damaged: not a lock an \
-                 xtoken process finished writing); if no process of this run is alive, remove it \
-                 and try again",
-                path.display()
-            ))),
+        let holder = read_holder(&path)?;
+        if !holder.is_gone() {
+            return Err(Error::Run(held_by(dir, &holder)));
         }
+        tracing::warn!(
+            "{}: taking over the lock of process {} on {}, which no longer runs",
+            path.display(),
+            holder.pid,
+            holder.host
+        );
+        std::fs::remove_file(&path).ok();
+        create(&path).with_context(|| format!("{}: taking the run's lock", path.display()))
     }
 
     /// Whether the lock of `dir` keeps a run out now, and why: another live process holds it,
@@ -116,26 +99,39 @@ impl RunLock {
     pub fn held_elsewhere(dir: &Path) -> Option<String> {
         let path = dir.join(LOCK_FILE);
         std::fs::symlink_metadata(&path).ok()?;
-        if let Err(e) = not_a_lock(&path) {
-            return Some(e.to_string());
+        match read_holder(&path) {
+            Err(e) => Some(e.to_string()),
+            Ok(holder) => (holder != Holder::this_process() && !holder.is_gone())
+                .then(|| held_by(dir, &holder)),
         }
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let Some(holder) = Holder::parse(&text) else {
-            return Some(format!(
-                "{}: the lock file names no process (empty or damaged); remove it if no process \
-                 of this run is alive",
-                path.display()
-            ));
-        };
-        (holder != Holder::this_process() && !holder.is_gone()).then(|| {
-            format!(
-                "{}: another xtoken process trains in this run directory (process {} on {})",
-                dir.display(),
-                holder.pid,
-                holder.host
-            )
-        })
     }
+}
+
+/// Why `holder`, alive, keeps another run out of `dir`.
+fn held_by(dir: &Path, holder: &Holder) -> String {
+    format!(
+        "{}: another xtoken process trains in this run directory (process {} on {}); wait for it \
+         to end, or, if no process of this run is alive, remove {} and try again",
+        dir.display(),
+        holder.pid,
+        holder.host,
+        dir.join(LOCK_FILE).display()
+    )
+}
+
+/// The holder the existing lock file `path` names; an error when it is none xtoken wrote: a
+/// directory, a link, or a file that names no process.
+fn read_holder(path: &Path) -> Result<Holder> {
+    not_a_lock(path)?;
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    Holder::parse(&text).ok_or_else(|| {
+        Error::Run(format!(
+            "{}: the lock file names no process (it is empty or damaged: not a lock an xtoken \
+             process finished writing); if no process of this run is alive, remove it and try \
+             again",
+            path.display()
+        ))
+    })
 }
 
 /// Refuses a lock path that is a directory or a symbolic link: no xtoken process made it.

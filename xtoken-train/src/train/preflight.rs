@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use xtoken_core::loss::LossKind;
 use xtoken_core::projection::SparseProjection;
+use xtoken_core::vocab::Vocabulary;
 
 use crate::config::DeviceKind;
 use crate::config::{DtypeChoice, OnPolicyConfig, RunConfig};
@@ -16,7 +17,6 @@ use crate::data::packer::PROMPTLESS_STREAMED;
 use crate::data::pipeline::PIECE_BYTES;
 use crate::data::{DocumentReader, Fields, Source};
 use crate::error::{Context, Error, Failures, Result};
-use crate::paths::refuse_holding;
 use crate::train::inputs::RunInputs;
 use crate::train::memory::{self, MemoryEstimate};
 use crate::train::options::RunOptions;
@@ -63,6 +63,9 @@ pub struct SourcePlan {
     /// The shards whose first document is longer than one alignment takes whole, with its
     /// length in bytes: it is aligned in pieces (see [`crate::data::pipeline::PIECE_BYTES`]).
     pub long_documents: Vec<(PathBuf, usize)>,
+    /// The longest of those: its bytes, and its student tokens estimated from those of its first
+    /// 64 KiB (for the memory estimate: a document is held whole once aligned).
+    pub longest: Option<(usize, u64)>,
 }
 
 /// One teacher of the plan.
@@ -164,18 +167,20 @@ fn plan(
     }
     let accum = failures.note(config.grad_accum(workers));
     let inputs = failures.note(RunInputs::read(config))?;
+    // The very checks `train` makes before it loads a weight.
     failures.note(crate::train::benchmarks::prompts(config));
-    // The very checks `train --resume` makes before it loads a weight.
     failures.note(resume_point(config, options, &inputs.sources));
+    failures.note(prompts_present(config, &inputs.sources));
     failures.note(open_weights(&config.student.model).context("student"));
     for s in &inputs.settings {
         failures.note(open_weights(&s.model).with_context(|| format!("teacher {}", s.name)));
     }
     let fields = crate::data::prompts::fields(config);
+    let student = &inputs.pipeline.student;
     let mut sources: Vec<_> = inputs
         .sources
         .iter()
-        .filter_map(|source| failures.note(read_first_documents(&fields)(source)))
+        .filter_map(|source| failures.note(read_first_documents(&fields, student)(source)))
         .collect();
     if let Some(path) = config.eval.as_ref().and_then(|e| e.path.as_ref()) {
         let data = crate::config::DataConfig {
@@ -186,7 +191,7 @@ fn plan(
         let held_out = crate::data::sources::sources(&data).context("eval.path");
         let fields = Fields::from(&data.text_field);
         for source in failures.note(held_out).unwrap_or_default() {
-            if let Some(plan) = failures.note(read_first_documents(&fields)(&source)) {
+            if let Some(plan) = failures.note(read_first_documents(&fields, student)(&source)) {
                 sources.push(SourcePlan {
                     name: format!("held-out {}", plan.name),
                     weight: 0.0,
@@ -198,9 +203,7 @@ fn plan(
     let teachers: Vec<_> = (0..inputs.settings.len())
         .filter_map(|m| failures.note(teacher_plan(config, &inputs, m)))
         .collect();
-    let documents = failures
-        .note(longest_document(config, &inputs, &sources))
-        .unwrap_or(0);
+    let documents = longest_document(&inputs, &sources);
     let with_documents = |m: MemoryEstimate| MemoryEstimate { documents, ..m };
     let memory = failures.note(memory::estimate(config, &inputs, accum.unwrap_or(1)));
     let memory = memory.map(with_documents);
@@ -385,7 +388,7 @@ pub fn check_options(config: &RunConfig, options: &RunOptions) -> Result<()> {
 /// What a run writes may not replace what it reads or what the user keeps: `output_dir` must
 /// be a directory (or not exist yet); a resumed run's must hold its `run.toml`; a new run's
 /// `run.toml` may not be the configuration file given; `<output_dir>/student`, where the trained
-/// student goes, may not be or hold a model directory, tokenizer or data the run reads, nor
+/// student goes, may not be, hold or lie in a model directory, tokenizer or data the run reads, nor
 /// files an export does not write. `checking` (`--check`) also reports a lock held by another
 /// live process, which `train` meets when it takes the lock.
 pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -> Result<()> {
@@ -417,14 +420,6 @@ pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -
     }
     let student = out.join("student");
     crate::train::export::check_target(config, &student).context("output_dir")?;
-    let data: Vec<(&str, &std::path::Path)> = config
-        .data
-        .path
-        .entries()
-        .iter()
-        .map(|p| ("training data", p.as_path()))
-        .collect();
-    refuse_holding(&student, &data).context("output_dir")?;
     if checking {
         if let Some(why) = crate::train::lock::RunLock::held_elsewhere(out) {
             return Err(Error::Run(why));
@@ -441,20 +436,24 @@ fn open_weights(dir: &std::path::Path) -> Result<()> {
 
 /// Checks that every shard of a source opens (with the prompt's column, where one is read) and
 /// yields the text of its first document.
-fn read_first_documents(fields: &Fields) -> impl Fn(&Source) -> Result<SourcePlan> + '_ {
+fn read_first_documents<'a>(
+    fields: &'a Fields,
+    student: &'a Vocabulary,
+) -> impl Fn(&Source) -> Result<SourcePlan> + 'a {
     move |source| {
         let mut bytes = 0;
         let mut documents = 0;
         let mut long_documents = Vec::new();
-        if let Some(field) = &fields.prompt {
-            first_prompt(source, fields, field)?;
-        }
+        let mut longest: Option<(usize, u64)> = None;
         for shard in &source.shards {
             let mut reader = DocumentReader::open(&shard.path, shard.format, fields.clone())?;
             if let Some(doc) = reader.next_doc()? {
                 let text = reader.extractor().text(&doc)?;
                 if text.len() > PIECE_BYTES {
                     long_documents.push((shard.path.clone(), text.len()));
+                    if longest.is_none_or(|(bytes, _)| text.len() > bytes) {
+                        longest = Some((text.len(), estimated_tokens(student, &text)?));
+                    }
                 }
                 documents += 1;
             }
@@ -479,43 +478,32 @@ fn read_first_documents(fields: &Fields) -> impl Fn(&Source) -> Result<SourcePla
             bytes,
             weight: source.weight,
             long_documents,
+            longest,
         })
     }
 }
 
-/// The host bytes of the longest of the shards' first documents that is aligned in pieces
-/// (0 when none is): its student tokens estimated from those of its first 64 KiB.
-fn longest_document(config: &RunConfig, inputs: &RunInputs, sources: &[SourcePlan]) -> Result<u64> {
-    let longest = sources
-        .iter()
-        .flat_map(|s| &s.long_documents)
-        .max_by_key(|(_, bytes)| *bytes);
-    let Some((path, bytes)) = longest else {
-        return Ok(0);
-    };
-    let shard = inputs
-        .sources
-        .iter()
-        .flat_map(|s| &s.shards)
-        .find(|s| &s.path == path);
-    let Some(shard) = shard else {
-        return Ok(0);
-    };
-    let fields = crate::data::prompts::fields(config);
-    let mut reader = DocumentReader::open(path, shard.format, fields)?;
-    let Some(doc) = reader.next_doc()? else {
-        return Ok(0);
-    };
-    let text = reader.extractor().text(&doc)?;
-    // 64 KiB tell the tokens per byte well enough, and take little memory to tokenize.
+/// The student tokens of `text`, estimated from those of its first 64 KiB (which tell the
+/// tokens per byte well enough, and take little memory to tokenize).
+fn estimated_tokens(student: &Vocabulary, text: &str) -> Result<u64> {
     let mut end = (64 << 10).min(text.len());
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    let tokens = inputs.pipeline.student.encode(&text[..end])?.len() as u64;
-    let per_byte = tokens as f64 / end.max(1) as f64;
-    let tokens = (per_byte * *bytes as f64).ceil() as u64;
-    Ok(memory::document_bytes(tokens, inputs.settings.len()))
+    let tokens = student.encode(&text[..end])?.len() as f64;
+    Ok((tokens / end.max(1) as f64 * text.len() as f64).ceil() as u64)
+}
+
+/// The host bytes of the longest of the shards' first documents that is aligned in pieces
+/// (0 when none is).
+fn longest_document(inputs: &RunInputs, sources: &[SourcePlan]) -> u64 {
+    let longest = sources
+        .iter()
+        .filter_map(|s| s.longest)
+        .max_by_key(|(bytes, _)| *bytes);
+    longest.map_or(0, |(_, tokens)| {
+        memory::document_bytes(tokens, inputs.settings.len())
+    })
 }
 
 /// With `on_policy.prompt_field`, checks that every source has a record with a prompt among its

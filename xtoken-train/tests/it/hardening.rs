@@ -68,7 +68,8 @@ fn export_never_touches_a_file_it_did_not_write() {
             f.student.join("tokenizer.json"),
             "inside the student's model directory",
         ),
-        (root.join("train.jsonl"), "a file is there"),
+        (foreign.join("todo.txt"), "a file is there"),
+        (f.data.clone(), "this is the training data"),
         (root.clone(), "holds"),
         (foreign.clone(), "holds todo.txt"),
     ];
