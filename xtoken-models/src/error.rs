@@ -73,6 +73,8 @@ pub enum ModelError {
     },
     #[error("attention: {0}")]
     Kernel(#[from] xtoken_kernels::KernelError),
+    #[error("scoring: {0}")]
+    Scoring(String),
     #[error("{what}: expected {expected}, found {found}")]
     Shape {
         what: &'static str,

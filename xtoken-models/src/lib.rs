@@ -27,6 +27,7 @@ pub mod qwen3;
 mod recompute;
 pub mod rope;
 pub mod sampling;
+pub mod scoring;
 mod tokens;
 
 use burn::tensor::backend::Backend;
@@ -43,6 +44,7 @@ pub use masking::{AttentionKernel, Masking};
 pub use model::Transformer;
 pub use recompute::Backward;
 pub use sampling::Sampling;
+pub use scoring::{token_log_probs, TokenScores};
 pub use tokens::Tokens;
 
 /// A causal language model: token ids in, next-token logits out. The hidden states are exposed

@@ -10,4 +10,5 @@ mod on_wgpu;
 mod parity;
 mod precision;
 mod recompute;
+mod scoring;
 mod support;

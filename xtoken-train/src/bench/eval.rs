@@ -1,17 +1,22 @@
 //! `xtoken bench eval`: `xtoken eval`'s throughput on a random model of a real shape (default
 //! Llama-3.2-1B's) with a real tokenizer, on the 3-shot prompts of local task files: documents/s
 //! per task, and greedy generation with the key/value cache against recomputing every position
-//! at each step (the same prompts and tokens, measured in the same run).
+//! at each step (the same prompts and tokens, measured in the same run); and the scoring of
+//! log-probabilities at the model's vocabulary width against burn's `log_softmax`, in time and
+//! in error against f64.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use burn::backend::NdArray;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor, TensorData};
 use clap::Args;
 use tokenizers::Tokenizer;
 use xtoken_kernels::XTokenBackend;
-use xtoken_models::{Decoding, Transformer};
+use xtoken_models::{token_log_probs, Decoding, Transformer};
+use xtoken_train::data::rng::{unit, SplitMix64};
 use xtoken_train::harness::model::{read_tokenizer, Scorable, SpecialTokens};
 use xtoken_train::harness::task::{prompts, PromptSettings, Request};
 use xtoken_train::harness::{answer, task_dir, tasks};
@@ -106,6 +111,7 @@ fn run_on<B: XTokenBackend>(args: &EvalBenchArgs, device: &B::Device, place: &st
     );
     // One untimed pass first: a GPU compiles and autotunes its kernels on first use.
     warm_up(&scorable)?;
+    normaliser::<B>(architecture.vocab_size, args.batch * 16, device)?;
     println!("| Task (3-shot) | Documents | Requests | Prompt tokens | s | Documents/s |");
     println!("|---|---:|---:|---:|---:|---:|");
     let mut gsm8k_contexts = Vec::new();
@@ -147,6 +153,77 @@ fn warm_up<B: XTokenBackend>(scorable: &Scorable<'_, B>) -> Result<()> {
     scorable.loglikelihoods(&pairs, |_| {})?;
     let generate = vec![("Warm up".to_string(), Vec::new())];
     scorable.generate(&generate, |_| {})?;
+    Ok(())
+}
+
+/// Scoring's log-probabilities of `rows` rows of `vocab` logits spread as trained models' are:
+/// burn's `log_softmax` then a gather (the anchor) against [`token_log_probs`], each timed and
+/// compared with an f64 log-softmax of the same f32 logits.
+fn normaliser<B: XTokenBackend>(vocab: usize, rows: usize, device: &B::Device) -> Result<()> {
+    let mut random = SplitMix64(61);
+    let mut logits = Vec::with_capacity(rows * vocab);
+    let mut tokens = Vec::with_capacity(rows);
+    for row in 0..rows {
+        // Spreads σ of 1, 2 and 4, and a row whose top token stands 15 above the rest.
+        let (sigma, peak) = [(1.0, 0.0), (2.0, 0.0), (4.0, 0.0), (1.0, 15.0)][row % 4];
+        for _ in 0..vocab {
+            let (u, v) = (unit(random.next_u64()).max(1e-300), unit(random.next_u64()));
+            let normal = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+            logits.push((normal * sigma) as f32);
+        }
+        let token = random.below(vocab as u64) as u32;
+        logits[row * vocab + token as usize] += peak as f32;
+        tokens.push(token);
+    }
+    let exact: Vec<f64> = tokens
+        .iter()
+        .enumerate()
+        .map(|(row, &token)| {
+            let z = &logits[row * vocab..(row + 1) * vocab];
+            let max = z.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+            let sum: f64 = z.iter().map(|&x| (x as f64 - max).exp()).sum();
+            z[token as usize] as f64 - max - sum.ln()
+        })
+        .collect();
+    let tensor = Tensor::<B, 2>::from_data(TensorData::new(logits, [rows, vocab]), device);
+    let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [rows, 1]), device);
+    println!(
+        "| Log-probabilities of {rows} rows × {vocab} | ms | × | max \\|error\\| | mean error |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    let score = |plain: bool| -> Result<Vec<f64>> {
+        Ok(match plain {
+            true => log_softmax(tensor.clone(), 1)
+                .gather(1, ids.clone())
+                .into_data()
+                .convert::<f64>()
+                .into_vec()
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?,
+            false => token_log_probs(tensor.clone(), &tokens)?.log_probs,
+        })
+    };
+    // Alternated three times; the fastest of each.
+    let mut best = [f64::INFINITY; 2];
+    let mut found = [Vec::new(), Vec::new()];
+    for _ in 0..3 {
+        for (i, plain) in [true, false].into_iter().enumerate() {
+            let start = Instant::now();
+            found[i] = score(plain)?;
+            best[i] = best[i].min(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let labels = ["`log_softmax`, then a gather (anchor)", "`token_log_probs`"];
+    for ((label, ms), found) in labels.iter().zip(best).zip(&found) {
+        let errors: Vec<f64> = found.iter().zip(&exact).map(|(f, e)| f - e).collect();
+        let worst = errors.iter().fold(0.0f64, |m, e| m.max(e.abs()));
+        let mean = errors.iter().sum::<f64>() / rows as f64;
+        println!(
+            "| {label} | {ms:.1} | {:.2} | {worst:.1e} | {mean:+.1e} |",
+            best[0] / ms
+        );
+    }
+    println!();
     Ok(())
 }
 

@@ -9,6 +9,7 @@
 //!   batched as the harness does;
 //! - [`report`]: accuracy and its standard error per task, the average, as Markdown and JSON;
 //! - [`samples`]: the record of every scored document, in the harness's `--log_samples` layout.
+//!   [`pyjson`] writes its lines as Python's `json.dumps` does.
 //!
 //! It stands on the ground (its task names are `config::TaskName`) and on `data`'s readers; the
 //! training stage scores its student with it (`train::benchmarks`) and loads a checkpoint for it
@@ -16,6 +17,7 @@
 
 pub mod docs;
 pub mod model;
+pub mod pyjson;
 pub mod pyrandom;
 pub mod report;
 pub mod samples;

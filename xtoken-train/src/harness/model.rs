@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{activation::log_softmax, Bool, Int, Tensor, TensorData};
+use burn::tensor::{Bool, Int, Tensor, TensorData};
 use tokenizers::Tokenizer;
 use xtoken_kernels::XTokenBackend;
-use xtoken_models::{Decoding, Transformer};
+use xtoken_models::{token_log_probs, Decoding, Transformer};
 
 use super::task::LogLikelihood;
 use crate::error::{Error, Result};
@@ -341,29 +341,15 @@ fn score_batch<B: XTokenBackend>(
     let size = hidden.dims()[2];
     let count = targets.len();
     let at: Vec<i64> = targets.iter().map(|&(p, _, _)| p as i64).collect();
-    let tokens: Vec<i64> = targets.iter().map(|&(_, t, _)| t as i64).collect();
+    let tokens: Vec<u32> = targets.iter().map(|&(_, t, _)| t).collect();
     let at = Tensor::<B, 1, Int>::from_data(TensorData::new(at, [count]), &device);
-    let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [count, 1]), &device);
     let hidden = hidden.reshape([rows * width, size]).select(0, at);
-    let logits = model.logits_of_rows(hidden).cast(burn::tensor::DType::F32);
-    let logprobs = log_softmax(logits, 1);
     // The harness's `is_greedy`: every continuation token is its row's argmax.
-    let greedy = logprobs.clone().argmax(1).equal(tokens.clone());
-    let logprobs = logprobs
-        .gather(1, tokens)
-        .into_data()
-        .convert::<f64>()
-        .into_vec::<f64>()
-        .map_err(|e| Error::Data(format!("reading log-probabilities: {e:?}")))?;
-    let greedy = greedy
-        .int()
-        .into_data()
-        .convert::<i64>()
-        .into_vec::<i64>()
-        .map_err(|e| Error::Data(format!("reading the greedy tokens: {e:?}")))?;
-    for (((_, _, user), lp), top) in targets.iter().zip(logprobs).zip(greedy) {
+    let scores = token_log_probs(model.logits_of_rows(hidden), &tokens)?;
+    let scored = scores.log_probs.iter().zip(&scores.greedy);
+    for ((_, _, user), (lp, &top)) in targets.iter().zip(scored) {
         out[*user].value += lp;
-        out[*user].greedy &= top != 0;
+        out[*user].greedy &= top;
     }
     Ok(())
 }

@@ -5,19 +5,23 @@
 //! `hendrycks_math_algebra`), a line per document, or per document and filter where a task has
 //! several (GSM8k's `strict-match` and `flexible-extract`), with the harness's fields:
 //!
-//! - `doc_id` (the document's place in its subset's scored split), `doc` (the document as read:
-//!   the harness's also holds the fields its task adds, such as HellaSwag's `query`), `target`
-//!   (the harness's `doc_to_target`, as a string);
+//! - `doc_id` (the document's place in its subset's scored split), `doc` (the document as the
+//!   task processed it: the row read, with the fields the harness's `process_docs` adds, such
+//!   as HellaSwag's `query`, `choices` and `gold`), `target` (the harness's `doc_to_target`, as
+//!   a string);
 //! - `arguments`: `{"gen_args_<i>": {"arg_0": context, "arg_1": continuation or the
 //!   generation's settings}}`, a request each;
 //! - `resps` and `filtered_resps`: each continuation's log-likelihood and whether it is the
 //!   greedy one, or the generated text and the answer a filter takes from it, as the harness
 //!   writes them (Python's `str` of each value);
-//! - `filter`, `metrics` (their names), each metric's value, `prompt_hash` and `target_hash`
-//!   (SHA-256 of the first request's context and of the target). The harness's `doc_hash`
-//!   hashes its processed document, which differs from the one read here: it is left out.
+//! - `filter`, `metrics` (their names), `doc_hash`, `prompt_hash` and `target_hash` (SHA-256 of
+//!   the document as `json.dumps(doc, indent=2)` writes it, of the first request's context and
+//!   of the target), then each metric's value, typed as the harness's (MATH's `exact_match` an
+//!   integer, the others floats).
 //!
-//! Keys are written in name order; `jq -S` puts the harness's lines in the same order.
+//! Keys are in the harness's order and each line is written as Python's `json.dumps` writes
+//! it, so that a line diff against the harness's records shows only the log-likelihoods' last
+//! digits.
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +29,7 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use xtoken_models::checkpoint::write_atomically;
 
+use super::pyjson::{self, python_str};
 use super::task::{Item, LogLikelihood, Request, Response, Task};
 use crate::error::{Context, Result};
 
@@ -86,7 +91,7 @@ pub fn write(dir: &Path, files: &[SampleFile]) -> Result<Vec<PathBuf>> {
         let path = dir.join(format!("samples_{}.jsonl", file.name));
         let mut text = String::new();
         for record in &file.records {
-            text.push_str(&serde_json::to_string(record)?);
+            text.push_str(&pyjson::dumps(record));
             text.push('\n');
         }
         write_atomically(&path, &text)?;
@@ -105,27 +110,39 @@ struct Scored<'a> {
 
 fn record(task: &dyn Task, scored: &Scored, filter: &str, max_gen_toks: usize) -> Result<Value> {
     let target = task.target(&scored.item.doc)?;
+    let doc = Value::Object(task.processed(&scored.item.doc)?);
     let (resps, filtered) = responses(task, scored.response, filter);
+    let (arguments, first_context) = arguments(&scored.item.request, max_gen_toks);
+    let mut metrics = Vec::new();
+    for (metric, &value) in task.metrics().iter().zip(scored.scores) {
+        let (name, of) = metric.split_once(',').unwrap_or((metric, "none"));
+        if of == filter {
+            let value = match task.integer_scores() {
+                true => json!(value as i64),
+                false => json!(value),
+            };
+            metrics.push((name, value));
+        }
+    }
+    let names: Vec<&str> = metrics.iter().map(|(name, _)| *name).collect();
     let mut record = Map::new();
     record.insert("doc_id".into(), json!(scored.doc_id));
-    record.insert("doc".into(), Value::Object(scored.item.doc.fields.clone()));
+    record.insert("doc".into(), doc.clone());
     record.insert("target".into(), json!(target));
-    let (arguments, first_context) = arguments(&scored.item.request, max_gen_toks);
     record.insert("arguments".into(), arguments);
     record.insert("resps".into(), resps);
     record.insert("filtered_resps".into(), filtered);
     record.insert("filter".into(), json!(filter));
-    let mut names = Vec::new();
-    for (metric, value) in task.metrics().iter().zip(scored.scores) {
-        let (name, of) = metric.split_once(',').unwrap_or((metric, "none"));
-        if of == filter {
-            names.push(name);
-            record.insert(name.into(), json!(value));
-        }
-    }
     record.insert("metrics".into(), json!(names));
+    record.insert(
+        "doc_hash".into(),
+        json!(sha256(&pyjson::dumps_indented(&doc, 2))),
+    );
     record.insert("prompt_hash".into(), json!(sha256(first_context)));
     record.insert("target_hash".into(), json!(sha256(&target)));
+    for (name, value) in metrics {
+        record.insert(name.into(), value);
+    }
     Ok(Value::Object(record))
 }
 
@@ -185,56 +202,9 @@ fn sha256(text: &str) -> String {
         .collect()
 }
 
-/// A float as Python's `str` writes it: the shortest digits that read back the same, positional
-/// for decimal exponents from -4 to 15 (a whole number with `.0`), else `1.5e-07`, `1e+16`.
-pub fn python_str(x: f64) -> String {
-    if x.is_nan() {
-        return "nan".into();
-    }
-    if x.is_infinite() {
-        return if x > 0.0 { "inf" } else { "-inf" }.into();
-    }
-    let scientific = format!("{x:e}");
-    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
-    let exponent: i32 = exponent.parse().unwrap_or(0);
-    if (-4..16).contains(&exponent) {
-        let positional = format!("{x}");
-        if positional.contains('.') {
-            positional
-        } else {
-            format!("{positional}.0")
-        }
-    } else {
-        let sign = if exponent < 0 { '-' } else { '+' };
-        format!("{mantissa}e{sign}{:02}", exponent.abs())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Python's `str` of each value, as printed by Python 3.11.
-    #[test]
-    fn floats_read_as_python_writes_them() {
-        let cases = [
-            (-7.554382801055908, "-7.554382801055908"),
-            (-160.0166473388672, "-160.0166473388672"),
-            (-2.0, "-2.0"),
-            (0.0, "0.0"),
-            (-0.0, "-0.0"),
-            (0.0001, "0.0001"),
-            (1e-05, "1e-05"),
-            (-3.25e-07, "-3.25e-07"),
-            (123456789012345.0, "123456789012345.0"),
-            (1e16, "1e+16"),
-            (1.5e300, "1.5e+300"),
-            (f64::NEG_INFINITY, "-inf"),
-        ];
-        for (value, python) in cases {
-            assert_eq!(python_str(value), python, "{value:e}");
-        }
-    }
 
     #[test]
     fn hashes_are_sha256_hex() {

@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use serde_json::{Map, Value};
+
 use super::docs::{read_splits, Doc};
 use super::pyrandom::PyRandom;
 use crate::error::{Error, Result};
@@ -103,6 +105,16 @@ pub trait Task: Send + Sync {
     /// The answer `filter` takes from a generated `text`, as the harness's records show it.
     fn filtered(&self, _filter: &str, text: &str) -> String {
         text.to_string()
+    }
+    /// The document as the harness's `process_docs` leaves it, which its records show and
+    /// hash: the row read, with the fields the task adds after its own.
+    fn processed(&self, doc: &Doc) -> Result<Map<String, Value>> {
+        Ok(doc.fields.clone())
+    }
+    /// Whether the harness's `process_results` gives each score as an integer (MATH's
+    /// `exact_match`) rather than a float; its records write the score so.
+    fn integer_scores(&self) -> bool {
+        false
     }
     /// The harness's name of a subset's (sub)task, which names its record's file.
     fn harness_name(&self, _subset: &str) -> String {

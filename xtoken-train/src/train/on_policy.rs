@@ -211,22 +211,17 @@ pub fn grade<S: XTokenBackend, T: XTokenBackend>(
 
 /// `log p(ids[i] | ids[..i])` under `model` for every position `i ≥ 1` (position 0: 0).
 fn teacher_log_probs<T: XTokenBackend>(model: &Transformer<T>, ids: &[u32]) -> Result<Vec<f64>> {
-    use burn::tensor::activation::log_softmax;
     use burn::tensor::{Int, Tensor, TensorData};
     use xtoken_models::CausalLm;
+    if ids.len() < 2 {
+        return Ok(vec![0.0; ids.len()]);
+    }
     let device = model.embed_tokens.weight.device();
     let input: Vec<i64> = ids.iter().map(|&id| id as i64).collect();
     let input = Tensor::<T, 2, Int>::from_data(TensorData::new(input, [1, ids.len()]), &device);
     let logits = model.forward(input, None)?;
     let [_, len, vocab] = logits.dims();
-    let log_probs = log_softmax(logits.reshape([len, vocab]), 1)
-        .into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .map_err(|e| crate::error::Error::Run(format!("the teacher's logits: {e:?}")))?;
-    let mut out = vec![0.0; ids.len()];
-    for i in 1..ids.len() {
-        out[i] = f64::from(log_probs[(i - 1) * vocab + ids[i] as usize]);
-    }
-    Ok(out)
+    let predicting = logits.reshape([len, vocab]).slice([0..len - 1, 0..vocab]);
+    let scores = xtoken_models::token_log_probs(predicting, &ids[1..])?;
+    Ok(std::iter::once(0.0).chain(scores.log_probs).collect())
 }

@@ -1,6 +1,8 @@
 //! HellaSwag (`hellaswag`): the likeliest of four endings, `acc` and the length-normalized
 //! `acc_norm` (log-likelihood per character of the ending), on the `validation` split.
 
+use serde_json::{json, Map, Value};
+
 use crate::error::{Error, Result};
 use crate::harness::docs::Doc;
 use crate::harness::task::{argmax, choice_accuracy, Request, Response, Sampler, Task};
@@ -86,6 +88,14 @@ impl Task for HellaSwag {
     fn shot(&self, doc: &Doc) -> Result<String> {
         let parsed = Self::parse(doc)?;
         Ok(format!("{} {}", parsed.query, parsed.choices[parsed.gold]))
+    }
+    fn processed(&self, doc: &Doc) -> Result<Map<String, Value>> {
+        let parsed = Self::parse(doc)?;
+        let mut fields = doc.fields.clone();
+        fields.insert("query".into(), json!(parsed.query));
+        fields.insert("choices".into(), json!(parsed.choices));
+        fields.insert("gold".into(), json!(parsed.gold));
+        Ok(fields)
     }
     fn request(&self, doc: &Doc, prefix: &str) -> Result<Request> {
         let parsed = Self::parse(doc)?;

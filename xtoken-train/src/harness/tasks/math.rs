@@ -2,6 +2,8 @@
 //! "Problem:"; the answer (between the first and last `$` when there are two) is compared with
 //! the solution's last `\boxed{…}` after the Hendrycks string normalization.
 
+use serde_json::{Map, Value};
+
 use crate::error::{Error, Result};
 use crate::harness::docs::Doc;
 use crate::harness::task::{Request, Response, Task};
@@ -72,6 +74,14 @@ impl Task for Math {
     }
     fn target(&self, doc: &Doc) -> Result<String> {
         Self::answer(doc)
+    }
+    fn processed(&self, doc: &Doc) -> Result<Map<String, Value>> {
+        let mut fields = doc.fields.clone();
+        fields.insert("answer".into(), Value::String(Self::answer(doc)?));
+        Ok(fields)
+    }
+    fn integer_scores(&self) -> bool {
+        true
     }
     fn harness_name(&self, subset: &str) -> String {
         format!("hendrycks_math_{}", subject_name(subset))
