@@ -40,6 +40,15 @@ const VERSION: u32 = 2;
 const HEADER_LEN: usize = 64;
 const INDEX_ENTRY: usize = 24;
 
+/// Whether `path` is a file that begins as an alignment cache does (its magic bytes, whatever its
+/// version or state): what a command that writes caches may replace, and nothing else.
+pub fn is_cache(path: &Path) -> bool {
+    let mut magic = [0u8; 8];
+    File::open(path)
+        .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut magic))
+        .is_ok_and(|()| &magic == MAGIC)
+}
+
 /// Which tokenizer made one side of the cache.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TokenizerRecord {
@@ -674,6 +683,12 @@ mod tests {
         .unwrap();
         let err = AlignCache::open(&path).unwrap_err().to_string();
         assert!(err.contains("bad magic"), "{err}");
+        // A damaged cache is still recognized as one (it may be replaced); text is not.
+        assert!(!is_cache(&path));
+        std::fs::write(&path, &damaged).unwrap();
+        assert!(is_cache(&path));
+        std::fs::write(&path, b"XTKALI").unwrap();
+        assert!(!is_cache(&path) && !is_cache(&temp("missing")));
         std::fs::remove_file(&path).ok();
     }
 

@@ -17,13 +17,7 @@ use xtoken_train::output::{Inputs, Own};
 /// An alignment cache: a file that starts with the cache's magic bytes.
 const OWN_CACHE: Own<'static> = Own::File {
     what: "an alignment cache",
-    is_own: |path| {
-        let mut magic = [0u8; 8];
-        std::fs::File::open(path)
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
-            .is_ok()
-            && &magic == b"XTKALIGN"
-    },
+    is_own: xtoken_core::cache::is_cache,
 };
 
 /// Scores and band of the alignment DP (defaults: the paper's).
