@@ -639,6 +639,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn hashes_are_sha256_hex() {
+        // hashlib.sha256("".encode()).hexdigest() and of "abc".
+        assert_eq!(
+            sha256_hex(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
     fn escape_bytes_shows_partial_utf8_and_controls() {
         assert_eq!(escape_bytes(b" the"), " the");
         assert_eq!(escape_bytes(b"\n"), "\\n");

@@ -1,13 +1,13 @@
 //! Scoring text: the log-probability of each observed token under a model's logits, as
 //! benchmarks and graders read it.
 //!
-//! `log p(t) = z_t − log Σ_v exp(z_v)`. Its normaliser sums 128k–200k terms. A CPU backend sums
-//! a row one term after another in f32, which rounds each small term against a large running
-//! total and so makes the sum too small, always: every log-probability comes out too high, by
-//! ~2e-4 at 150k terms, and a 100-token continuation by up to ~5e-3. Here the terms are summed
-//! in blocks of [`BLOCK`], the block sums again in blocks, and so on: no running total holds
-//! more than [`BLOCK`] terms, and the bias falls below f32's rounding of one term. A GPU's tree
-//! reduction gets the same blocks. The last subtraction and the logarithm are taken in f64.
+//! `log p(t) = z_t − log Σ_v exp(z_v)`, whose normaliser sums 128k–200k terms. Summed one term
+//! after another in f32, as burn's ndarray backend sums a row, each small term is rounded
+//! against a large running total and the sum comes out too small: tokens come out up to ~2e-4
+//! too likely, always in that direction. Here the terms are summed in blocks of [`BLOCK`], the
+//! block sums again in blocks, and so on: no running total holds more than [`BLOCK`] terms, and
+//! the bias falls below f32's rounding of one term. A GPU's tree reduction gets the same blocks.
+//! The last subtraction and the logarithm are taken in f64.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};

@@ -26,7 +26,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
+use xtoken_core::vocab::sha256_hex;
 use xtoken_models::checkpoint::write_atomically;
 
 use super::pyjson::{self, python_str};
@@ -111,6 +111,7 @@ struct Scored<'a> {
 fn record(task: &dyn Task, scored: &Scored, filter: &str, max_gen_toks: usize) -> Result<Value> {
     let target = task.target(&scored.item.doc)?;
     let doc = Value::Object(task.processed(&scored.item.doc)?);
+    let doc_hash = sha256_hex(pyjson::dumps_indented(&doc, 2).as_bytes());
     let (resps, filtered) = responses(task, scored.response, filter);
     let (arguments, first_context) = arguments(&scored.item.request, max_gen_toks);
     let mut metrics = Vec::new();
@@ -127,19 +128,19 @@ fn record(task: &dyn Task, scored: &Scored, filter: &str, max_gen_toks: usize) -
     let names: Vec<&str> = metrics.iter().map(|(name, _)| *name).collect();
     let mut record = Map::new();
     record.insert("doc_id".into(), json!(scored.doc_id));
-    record.insert("doc".into(), doc.clone());
+    record.insert("doc".into(), doc);
     record.insert("target".into(), json!(target));
     record.insert("arguments".into(), arguments);
     record.insert("resps".into(), resps);
     record.insert("filtered_resps".into(), filtered);
     record.insert("filter".into(), json!(filter));
     record.insert("metrics".into(), json!(names));
+    record.insert("doc_hash".into(), json!(doc_hash));
     record.insert(
-        "doc_hash".into(),
-        json!(sha256(&pyjson::dumps_indented(&doc, 2))),
+        "prompt_hash".into(),
+        json!(sha256_hex(first_context.as_bytes())),
     );
-    record.insert("prompt_hash".into(), json!(sha256(first_context)));
-    record.insert("target_hash".into(), json!(sha256(&target)));
+    record.insert("target_hash".into(), json!(sha256_hex(target.as_bytes())));
     for (name, value) in metrics {
         record.insert(name.into(), value);
     }
@@ -193,29 +194,4 @@ fn responses(task: &dyn Task, response: &Response, filter: &str) -> (Value, Valu
 fn loglikelihood(ll: &LogLikelihood) -> Value {
     let greedy = if ll.greedy { "True" } else { "False" };
     json!([python_str(ll.value), greedy])
-}
-
-fn sha256(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hashes_are_sha256_hex() {
-        // hashlib.sha256("".encode()).hexdigest() and of "abc".
-        assert_eq!(
-            sha256(""),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
-        assert_eq!(
-            sha256("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-    }
 }

@@ -99,9 +99,9 @@ pub fn model_names(model: &Path) -> Result<BTreeSet<String>> {
 }
 
 /// Checks that `out` may take an export of `config`'s student before anything is written: it is
-/// not, holds no and lies in no model directory, tokenizer or data the run reads, and, when it exists,
-/// it is an earlier export (only files an export writes, `config.json` among them), which is
-/// replaced ([`crate::output`]).
+/// not, holds no and lies in no model directory, tokenizer or data the run reads, and, when it
+/// exists, it is an earlier export (only files an export writes, `config.json` among them), which
+/// is replaced ([`crate::output`]).
 pub fn check_target(config: &RunConfig, out: &Path) -> Result<()> {
     export_inputs(config).check(out, &export_own(config)?)
 }

@@ -388,8 +388,8 @@ pub fn check_options(config: &RunConfig, options: &RunOptions) -> Result<()> {
 /// What a run writes may not replace what it reads or what the user keeps: `output_dir` must
 /// be a directory (or not exist yet); a resumed run's must hold its `run.toml`; a new run's
 /// `run.toml` may not be the configuration file given; `<output_dir>/student`, where the trained
-/// student goes, may not be, hold or lie in a model directory, tokenizer or data the run reads, nor
-/// files an export does not write. `checking` (`--check`) also reports a lock held by another
+/// student goes, may not be, hold or lie in a model directory, tokenizer or data the run reads,
+/// nor hold files an export does not write. `checking` (`--check`) also reports a lock held by another
 /// live process, which `train` meets when it takes the lock.
 pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -> Result<()> {
     let out = &config.output_dir;
