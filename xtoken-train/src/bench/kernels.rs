@@ -54,8 +54,15 @@ pub struct KernelBenchArgs {
     dtype: DtypeArg,
     /// `cuda` or `wgpu` in a build with that feature; `ndarray` (CPU) runs the host
     /// implementation in place.
-    #[arg(long, value_enum)]
-    device: KernelDevice,
+    #[arg(long, value_enum, required_unless_present = "emit_cuda")]
+    device: Option<KernelDevice>,
+    /// Instead of measuring: write the CUDA C++ source of every X-Token kernel a training
+    /// step, `xtoken eval` and on-policy sampling launch (f32, bf16, f16; sm_90 and sm_80), as
+    /// cubecl-cuda would compile it, into this new directory with `manifest.tsv`; no GPU needed
+    /// (`scripts/cuda-compile.sh DIR` compiles them with NVRTC). Needs a build with the
+    /// feature `cuda-sources` (on with `cuda`).
+    #[arg(long, value_name = "DIR")]
+    emit_cuda: Option<std::path::PathBuf>,
     /// `kernels` (cubecl) or `portable` (row chunks through host memory).
     #[arg(long, value_enum, default_value_t = PathArg::Kernels)]
     path: PathArg,
@@ -82,13 +89,19 @@ pub enum PathArg {
 }
 
 pub fn run(args: KernelBenchArgs) -> Result<()> {
+    if let Some(dir) = &args.emit_cuda {
+        return emit_cuda(dir);
+    }
+    let Some(device) = args.device else {
+        bail!("--device is required (or --emit-cuda DIR)");
+    };
     if args.rows == 0 || args.runs == 0 || args.slots == 0 || args.hidden < 4 {
         bail!("--rows, --runs and --slots must be positive, --hidden at least 4");
     }
     if args.top_k == 0 || args.top_k > args.teacher_vocab {
         bail!("--top-k must be between 1 and --teacher-vocab");
     }
-    match args.device {
+    match device {
         KernelDevice::Ndarray => run_on::<burn::backend::NdArray>(&args, "CPU (ndarray)"),
         #[cfg(feature = "cuda")]
         KernelDevice::Cuda => run_on::<burn::backend::Cuda>(&args, "CUDA"),
@@ -103,6 +116,39 @@ pub fn run(args: KernelBenchArgs) -> Result<()> {
             bail!("this xtoken was built without wgpu; rebuild with --features wgpu")
         }
     }
+}
+
+/// Writes every kernel's CUDA source and prints what was written, per architecture.
+#[cfg(feature = "cuda-sources")]
+fn emit_cuda(dir: &std::path::Path) -> Result<()> {
+    use xtoken_kernels::cuda_sources::{emit, ARCHS};
+    eprintln!("recording the kernels' CUDA sources into {}", dir.display());
+    let written = emit(dir, &ARCHS)?;
+    println!("| arch | kernels | of them X-Token's | cubecl could not write |");
+    println!("|---|---:|---:|---:|");
+    let mut failed = 0;
+    for (arch, kernels) in &written {
+        let ours = kernels.iter().filter(|k| k.origin() == "xtoken").count();
+        let bad: Vec<_> = kernels.iter().filter(|k| k.source.is_err()).collect();
+        failed += bad.len();
+        println!("| sm_{arch} | {} | {ours} | {} |", kernels.len(), bad.len());
+    }
+    println!(
+        "\nWritten: {}/sm_*/*.cu and {}/manifest.tsv; compile them with \
+         `scripts/cuda-compile.sh {}`.",
+        dir.display(),
+        dir.display(),
+        dir.display()
+    );
+    if failed > 0 {
+        bail!("cubecl could not write {failed} kernels as CUDA; their .error files say why");
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda-sources"))]
+fn emit_cuda(_: &std::path::Path) -> Result<()> {
+    bail!("this xtoken was built without CUDA sources; rebuild with --features cuda-sources (or cuda)")
 }
 
 struct Inputs<B: Backend> {

@@ -18,6 +18,7 @@ use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
 use xtoken_train::cluster::parallel::Worker;
 use xtoken_train::config::DeviceKind;
 use xtoken_train::observe::profile::{self, HostMemory, Phase, StepProfile};
+use xtoken_train::observe::roofline::{Limits, StepShape, TeacherShape};
 use xtoken_train::output::{claim_work_dir, json_has, write_file, Inputs, Own};
 use xtoken_train::{Run, RunConfig, RunOptions};
 
@@ -202,6 +203,70 @@ const OWN_JSON: Own<'static> = Own::File {
 /// The file that says which random model a work directory's model folder holds.
 const MADE: &str = "xtoken-bench-model.json";
 
+/// A model's vocabulary for a tokenizer of `vocab` tokens: padded to a multiple of 64, as
+/// released checkpoints are.
+fn padded(vocab: usize) -> usize {
+    vocab.div_ceil(64) * 64
+}
+
+/// `body` at the tokenizer's width.
+fn architecture(body: Body, tokenizer: &std::path::Path) -> Result<Architecture> {
+    let json = xtoken_core::vocab::resolve_tokenizer_json(tokenizer)?;
+    let vocab = xtoken_core::vocab::Vocabulary::load(&json)?.size();
+    Ok(body.architecture(padded(vocab)))
+}
+
+/// What `--profile` sets each phase against: the step's shapes, and the limits of the device
+/// (an H100's on CUDA; elsewhere this machine's CPU, measured).
+struct Roofline {
+    shape: StepShape,
+    limits: Limits,
+}
+
+impl Roofline {
+    fn new(args: &TrainBenchArgs, kind: DeviceKind) -> Result<Self> {
+        let student = architecture(args.student, &args.student_tokenizer)?;
+        let teacher = architecture(args.teacher, &args.teacher_tokenizer)?;
+        let limits = match kind {
+            DeviceKind::Cuda => Limits::h100(),
+            _ => {
+                eprintln!("measuring this machine's peak (a gemm and a copy, 2 s)");
+                Limits::measure_cpu()
+            }
+        };
+        let w_entries = student.vocab_size * 4;
+        Ok(Self {
+            shape: StepShape {
+                student,
+                batch: args.micro_batch,
+                len: args.context,
+                // The teacher's tokens per micro-batch are taken as the student's (their
+                // tokenizers split text about alike).
+                teachers: vec![TeacherShape {
+                    name: body_name(args.teacher),
+                    architecture: teacher,
+                    tokens: args.micro_batch * args.context,
+                }],
+                top_k: args.top_k,
+                compute_bytes: 4,
+                w_entries,
+            },
+            limits,
+        })
+    }
+
+    /// The shape with `compute`'s element size (`auto`: bf16 on CUDA, f32 elsewhere).
+    fn for_compute(&self, compute: &str) -> StepShape {
+        let mut shape = self.shape.clone();
+        shape.compute_bytes = match compute {
+            "bf16" | "f16" => 2,
+            "auto" if self.limits == Limits::h100() => 2,
+            _ => 4,
+        };
+        shape
+    }
+}
+
 /// Writes a random model of `body` at the tokenizer's width into `dir`, or keeps the one a
 /// previous run made there from the same body, tokenizer and seed (a `--work-dir` shared by
 /// several runs makes each model once). Returns the seconds spent making it (0 when kept).
@@ -213,8 +278,7 @@ fn model_dir(
 ) -> Result<f64> {
     let json = xtoken_core::vocab::resolve_tokenizer_json(tokenizer)?;
     let vocab = xtoken_core::vocab::Vocabulary::load(&json)?.size();
-    // Model vocabularies are padded to a multiple of 64, as released checkpoints are.
-    let arch = body.architecture(vocab.div_ceil(64) * 64);
+    let arch = body.architecture(padded(vocab));
     let stamp = serde_json::json!({
         "body": body_name(body),
         "tokenizer": json.canonicalize()?.display().to_string(),
@@ -317,8 +381,10 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
         print_writing(fraction, &rows);
     }
     if args.profile {
+        let roofline = Roofline::new(&args, kind)?;
+        println!("\nRoofline: {}.", roofline.limits.source);
         for (variant, timed) in &rows {
-            println!("\n{}", profile_table(variant, timed));
+            println!("\n{}", profile_table(variant, timed, &roofline));
         }
     }
     if let Some(path) = &args.json {
@@ -623,17 +689,18 @@ fn mean_phases(steps: &[StepProfile]) -> StepProfile {
 
 /// The profile of one run as Markdown: the first step, the mean of the next, and how much of
 /// the measured step the phases account for.
-fn profile_table(variant: &Variant, timed: &Timed) -> String {
+fn profile_table(variant: &Variant, timed: &Timed, roofline: &Roofline) -> String {
     let Some((first, rest)) = timed.profiles.split_first() else {
         return String::new();
     };
     let mean = mean_phases(rest);
     let step = mean_of(&timed.seconds);
+    let shape = roofline.for_compute(&variant.compute);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let mut out = format!(
         "Phases (scaling scope {}, compute {}): first step {:.3} s, then {:.3} s per step\n\n\
-         | phase | runs | first step (s) | next steps, mean (s) | share | memory in use (GiB) | kernels compiled: first step, next steps |\n\
-         |---|---|---|---|---|---|---|\n",
+         | phase | runs | first step (s) | next steps, mean (s) | share | memory in use (GiB) | kernels compiled: first step, next steps | GFLOP | GB moved | at the roofline (s) | measured / roofline |\n\
+         |---|---|---|---|---|---|---|---:|---:|---:|---:|\n",
         variant.scope, variant.compute, timed.first_seconds, step
     );
     let counted = first.phases.iter().any(|p| p.compilations.is_some());
@@ -665,8 +732,21 @@ fn profile_table(variant: &Variant, timed: &Timed) -> String {
             .find(|p| &p.name == name);
         let (runs, memory) = p.map(|p| (p.count, p.memory_bytes)).unwrap_or((0, 0));
         let next = seconds_in(&mean, name);
+        let roof = match shape.work(name) {
+            Some(work) => {
+                let at = roofline.limits.seconds(work) * f64::from(runs.max(1));
+                format!(
+                    "{:.1} | {:.2} | {:.4} | {:.1}×",
+                    work.flops * f64::from(runs.max(1)) / 1e9,
+                    work.bytes * f64::from(runs.max(1)) / 1e9,
+                    at,
+                    next / at.max(1e-12)
+                )
+            }
+            None => "— | — | — | —".into(),
+        };
         out += &format!(
-            "| {name} | {runs} | {:.4} | {:.4} | {:.1} % | {:.2} | {}, {} |\n",
+            "| {name} | {runs} | {:.4} | {:.4} | {:.1} % | {:.2} | {}, {} | {roof} |\n",
             seconds_in(first, name),
             next,
             100.0 * next / step.max(1e-12),

@@ -9,4 +9,5 @@ pub mod evals;
 pub mod metrics;
 pub mod profile;
 pub mod progress;
+pub mod roofline;
 pub mod tensorboard;
