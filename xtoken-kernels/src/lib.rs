@@ -40,7 +40,6 @@ mod checks;
 pub mod compilations;
 #[cfg(feature = "cube")]
 pub mod cube;
-#[cfg(feature = "cuda")]
 pub mod cuda_sources;
 pub mod deferred;
 pub mod device;

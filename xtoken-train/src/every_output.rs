@@ -195,6 +195,10 @@ fn outputs(s: &Sandbox) -> Vec<(&'static str, Vec<String>)> {
             with(train.clone(), &["--work-dir", "OUT"]),
         ),
         ("bench train/json", with(train, &["--json", "OUT"])),
+        (
+            "bench kernels/emit_cuda",
+            with(vec![], &["bench", "kernels", "--emit-cuda", "OUT"]),
+        ),
     ]
 }
 

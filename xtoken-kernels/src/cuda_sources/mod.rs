@@ -3,25 +3,28 @@
 //!
 //! cubecl-cuda turns each kernel into CUDA C++ when it is first launched and compiles it with
 //! NVRTC there; a kernel that compiles to WGSL can still fail on CUDA (bf16 conversions,
-//! shared-memory atomics, warp operations). [`record`] runs the [`workload`] on a recording
-//! cubecl runtime ([`RecordRuntime`]: cubecl-cuda's compiler, its device properties for one
+//! shared-memory atomics, warp operations). `record` runs the [`workload`] on a recording
+//! cubecl runtime (`RecordRuntime`: cubecl-cuda's compiler, its device properties for one
 //! architecture, host memory, nothing executed) in f32, bf16 and f16, and returns each distinct
-//! kernel's source; [`emit`] writes them with a manifest.
+//! kernel's source; `emit` writes them with a manifest. Those three need the feature `cuda`;
+//! the workload and the manifest's names do not.
 
+#[cfg(feature = "cuda")]
 mod runtime;
 pub mod workload;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
+#[cfg(feature = "cuda")]
 use burn_cubecl::{CubeBackend, FloatElement};
 
+#[cfg(feature = "cuda")]
 pub use runtime::{CudaCompiler, RecordDevice, RecordRuntime, RecordServer};
 
 use crate::KernelError;
 
-/// The architectures [`emit`] writes: sm_90 (H100, H200) and sm_80 (A100).
+/// The architectures `emit` writes: sm_90 (H100, H200) and sm_80 (A100).
 pub const ARCHS: [u16; 2] = [90, 80];
 
 /// The float dtypes the workload runs in.
@@ -72,6 +75,7 @@ impl Recorded {
 /// Runs the workload in every dtype of [`DTYPES`] on the recording device for `arch` and
 /// returns the kernels it launched, each once, in the order of their first launch (the same
 /// list at every call in a process).
+#[cfg(feature = "cuda")]
 pub fn record(arch: u16) -> Result<Vec<Recorded>, KernelError> {
     // One workload at a time: the labels are global, and a device compiles each kernel once.
     static RUNNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -86,13 +90,14 @@ pub fn record(arch: u16) -> Result<Vec<Recorded>, KernelError> {
     Ok(runtime::recorded(u32::from(arch)))
 }
 
+#[cfg(feature = "cuda")]
 fn in_dtype<F: FloatElement>(arch: u16, dtype: DType) -> Result<(), KernelError> {
     type On<F> = CubeBackend<RecordRuntime, F, i32, u8>;
     let device = RecordDevice { arch };
     workload::run_on::<On<F>>(&device, dtype, &mut |what| runtime::set_context(what))
 }
 
-/// Why [`emit`] failed.
+/// Why `emit` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EmitError {
     /// The output directory holds files: nothing is written over.
@@ -115,11 +120,21 @@ pub enum EmitError {
 pub const MANIFEST_HEADER: &str =
     "arch\tfile\tentrypoint\tkernel\torigin\tcube_dim\tthreads\tdynamic_shared_bytes\tlaunched_by";
 
+/// The manifest's name in an emitted directory.
+pub const MANIFEST: &str = "manifest.tsv";
+
+/// Whether the file at `path` is a manifest `emit` wrote (its first line is the header).
+pub fn is_manifest(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|text| text.lines().next() == Some(MANIFEST_HEADER))
+}
+
 /// Writes, for each architecture of `archs`, every recorded kernel's source into
-/// `dir/sm_<arch>/<n>-<kernel>.cu` and one line per kernel into `dir/manifest.tsv`
-/// ([`MANIFEST_HEADER`]). `dir` must not exist or be empty. A kernel cubecl could not turn
+/// `dir/sm_<arch>-<n>-<kernel>.cu` and one line per kernel into `dir/manifest.tsv`
+/// ([`MANIFEST_HEADER`]), all in the one directory (`scripts/cuda-compile.sh` adds each
+/// kernel's `.ptx` and `report.md` beside them). `dir` must not exist or be empty. A kernel cubecl could not turn
 /// into CUDA is written as a `.error` file with the reason, and listed: the compile script
 /// counts it as a failure. Returns the kernels per architecture.
+#[cfg(feature = "cuda")]
 pub fn emit(dir: &Path, archs: &[u16]) -> Result<Vec<(u16, Vec<Recorded>)>, EmitError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -128,19 +143,18 @@ pub fn emit(dir: &Path, archs: &[u16]) -> Result<Vec<(u16, Vec<Recorded>)>, Emit
     if dir.exists() && std::fs::read_dir(dir).map_err(io(dir))?.next().is_some() {
         return Err(EmitError::NotEmpty(dir.to_path_buf()));
     }
-    let manifest_path = dir.join("manifest.tsv");
+    let manifest_path = dir.join(MANIFEST);
     let mut manifest = vec![MANIFEST_HEADER.to_string()];
     let mut all = Vec::new();
     for &arch in archs {
         let kernels = record(arch)?;
-        let sub = dir.join(format!("sm_{arch}"));
-        std::fs::create_dir_all(&sub).map_err(io(&sub))?;
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
         for (i, k) in kernels.iter().enumerate() {
             let (ext, text) = match &k.source {
                 Ok(source) => ("cu", source),
                 Err(why) => ("error", why),
             };
-            let file = format!("sm_{arch}/{i:03}-{}.{ext}", k.short_name());
+            let file = format!("sm_{arch}-{i:03}-{}.{ext}", k.short_name());
             let path = dir.join(&file);
             std::fs::write(&path, text).map_err(io(&path))?;
             let (x, y, z) = k.cube_dim;
@@ -156,6 +170,7 @@ pub fn emit(dir: &Path, archs: &[u16]) -> Result<Vec<(u16, Vec<Recorded>)>, Emit
         }
         all.push((arch, kernels));
     }
+    use std::io::Write;
     let mut out = std::fs::File::create(&manifest_path).map_err(io(&manifest_path))?;
     writeln!(out, "{}", manifest.join("\n")).map_err(io(&manifest_path))?;
     Ok(all)

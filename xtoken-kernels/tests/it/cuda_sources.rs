@@ -116,6 +116,9 @@ fn emit_writes_each_kernel_with_a_manifest_and_refuses_a_used_directory() {
     let dir = std::env::temp_dir().join(format!("xtoken-cuda-sources-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     let written = emit(&dir, &ARCHS).unwrap();
+    assert!(xtoken_kernels::cuda_sources::is_manifest(
+        &dir.join("manifest.tsv")
+    ));
     let manifest = std::fs::read_to_string(dir.join("manifest.tsv")).unwrap();
     let mut lines = manifest.lines();
     assert_eq!(lines.next(), Some(MANIFEST_HEADER));
@@ -126,7 +129,7 @@ fn emit_writes_each_kernel_with_a_manifest_and_refuses_a_used_directory() {
         assert_eq!(row.len(), MANIFEST_HEADER.split('\t').count());
         let file = dir.join(row[1]);
         assert!(file.is_file(), "{}", file.display());
-        assert!(row[1].starts_with(&format!("sm_{}/", row[0])));
+        assert!(row[1].starts_with(&format!("sm_{}-", row[0])));
     }
     for arch in ["90", "80"] {
         assert!(rows.iter().any(|r| r[0] == arch && r[4] == "xtoken"));

@@ -24,6 +24,10 @@ use xtoken_kernels::{
 };
 
 use crate::cli::models::DtypeArg;
+use xtoken_kernels::cuda_sources;
+#[cfg(feature = "cuda-sources")]
+use xtoken_train::output::write_dir;
+use xtoken_train::output::{self, Names, Own};
 
 /// Options of `xtoken bench kernels`.
 #[derive(Args)]
@@ -90,6 +94,8 @@ pub enum PathArg {
 
 pub fn run(args: KernelBenchArgs) -> Result<()> {
     if let Some(dir) = &args.emit_cuda {
+        // The output rule first, in every build: DIR is new, empty, or an earlier output.
+        output::Inputs::new().check(dir, &cuda_sources_dir())?;
         return emit_cuda(dir);
     }
     let Some(device) = args.device else {
@@ -118,12 +124,28 @@ pub fn run(args: KernelBenchArgs) -> Result<()> {
     }
 }
 
+/// What `--emit-cuda` writes: the kernels' sources, the manifest, and what
+/// `scripts/cuda-compile.sh` adds (the PTX, the report).
+fn cuda_sources_dir() -> Own<'static> {
+    Own::Dir {
+        what: "`xtoken bench kernels --emit-cuda`",
+        names: Names::of([cuda_sources::MANIFEST, "report.md"])
+            .pattern("sm_", ".cu")
+            .pattern("sm_", ".error")
+            .pattern("sm_", ".ptx"),
+        signature: cuda_sources::MANIFEST,
+        signed: cuda_sources::is_manifest,
+    }
+}
+
 /// Writes every kernel's CUDA source and prints what was written, per architecture.
 #[cfg(feature = "cuda-sources")]
 fn emit_cuda(dir: &std::path::Path) -> Result<()> {
     use xtoken_kernels::cuda_sources::{emit, ARCHS};
     eprintln!("recording the kernels' CUDA sources into {}", dir.display());
-    let written = emit(dir, &ARCHS)?;
+    let written = write_dir(dir, |tmp| {
+        emit(tmp, &ARCHS).map_err(|e| xtoken_train::error::Error::Run(e.to_string()))
+    })?;
     println!("| arch | kernels | of them X-Token's | cubecl could not write |");
     println!("|---|---:|---:|---:|");
     let mut failed = 0;
@@ -134,7 +156,7 @@ fn emit_cuda(dir: &std::path::Path) -> Result<()> {
         println!("| sm_{arch} | {} | {ours} | {} |", kernels.len(), bad.len());
     }
     println!(
-        "\nWritten: {}/sm_*/*.cu and {}/manifest.tsv; compile them with \
+        "\nWritten: {}/sm_*.cu and {}/manifest.tsv; compile them with \
          `scripts/cuda-compile.sh {}`.",
         dir.display(),
         dir.display(),
