@@ -48,9 +48,6 @@ pub fn on_backend<W: OnBackend>(kind: DeviceKind, indices: &[usize], work: W) ->
         ),
         #[cfg(feature = "cuda")]
         DeviceKind::Cuda => {
-            if let Some(missing) = xtoken_kernels::device::missing_cuda_driver() {
-                return Err(Error::Config(format!("device = \"cuda\": {missing}")));
-            }
             let indices = if indices.is_empty() {
                 &[0][..]
             } else {
@@ -60,7 +57,7 @@ pub fn on_backend<W: OnBackend>(kind: DeviceKind, indices: &[usize], work: W) ->
                 .iter()
                 .map(|&i| burn::backend::cuda::CudaDevice::new(i))
                 .collect();
-            started::<burn::backend::Cuda>("cuda", &devices)?;
+            start::<burn::backend::Cuda>(kind, &devices)?;
             work.run::<burn::backend::Autodiff<burn::backend::Cuda>>(devices)
         }
         #[cfg(feature = "wgpu")]
@@ -72,7 +69,7 @@ pub fn on_backend<W: OnBackend>(kind: DeviceKind, indices: &[usize], work: W) ->
                     .map(|&i| burn::backend::wgpu::WgpuDevice::DiscreteGpu(i))
                     .collect(),
             };
-            started::<burn::backend::Wgpu>("wgpu", &devices)?;
+            start::<burn::backend::Wgpu>(kind, &devices)?;
             work.run::<burn::backend::Autodiff<burn::backend::Wgpu>>(devices)
         }
         #[cfg(not(feature = "cuda"))]
@@ -128,14 +125,22 @@ pub fn check_dtype(kind: DeviceKind, choice: Result<DtypeChoice>, key: &str) -> 
     }
 }
 
-/// Starts every device on this thread, before any worker touches one: an initialization that
-/// panics (no driver, no adapter, no such device) becomes an error naming the device. cubecl
-/// is first configured with the kernel cache of `XTOKEN_KERNEL_CACHE` (unless a profile did so
-/// already, with its compilation log).
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
-fn started<B: burn::tensor::backend::Backend>(name: &str, devices: &[B::Device]) -> Result<()> {
+/// Starts each of `devices` of backend `B` (the backend `kind` names) on this thread, before any
+/// worker or benchmark touches one: a backend this build lacks, a missing driver, or a device
+/// whose initialization panics (no adapter, no such device) becomes an error naming it, never a
+/// panic. Before a device backend starts, cubecl is configured with the kernel cache of
+/// `XTOKEN_KERNEL_CACHE` (unless a profile did so already, with its compilation log).
+pub fn start<B: burn::tensor::backend::Backend>(
+    kind: DeviceKind,
+    devices: &[B::Device],
+) -> Result<()> {
     use xtoken_kernels::compilations::{configure, KernelCache};
+    check_available(kind)?;
+    if kind.on_host() {
+        return Ok(());
+    }
     configure(&KernelCache::from_env(), None);
+    let name = format!("{kind:?}").to_lowercase();
     for device in devices {
         xtoken_kernels::device::probe::<B>(device).map_err(|why| {
             Error::Config(format!(

@@ -23,6 +23,8 @@ use xtoken_train::harness::{answer, task_dir, tasks};
 
 use super::forward::{DeviceArg, Preset};
 use crate::cli::models::DtypeArg;
+use xtoken_train::backend;
+use xtoken_train::config::DeviceKind;
 
 /// Options of `xtoken bench eval`.
 #[derive(Args)]
@@ -71,17 +73,21 @@ pub fn run(args: EvalBenchArgs) -> Result<()> {
             run_on::<burn_flex::Flex>(&args, &Default::default(), "CPU (flex)")
         }
         #[cfg(feature = "cuda")]
-        DeviceArg::Cuda => run_on::<burn::backend::Cuda>(&args, &Default::default(), "CUDA"),
-        #[cfg(not(feature = "cuda"))]
         DeviceArg::Cuda => {
-            bail!("this xtoken was built without CUDA; rebuild with --features cuda")
+            let device = Default::default();
+            backend::start::<burn::backend::Cuda>(DeviceKind::Cuda, std::slice::from_ref(&device))?;
+            run_on::<burn::backend::Cuda>(&args, &device, "CUDA")
         }
+        #[cfg(not(feature = "cuda"))]
+        DeviceArg::Cuda => Ok(backend::check_available(DeviceKind::Cuda)?),
         #[cfg(feature = "wgpu")]
-        DeviceArg::Wgpu => run_on::<burn::backend::Wgpu>(&args, &Default::default(), "wgpu"),
-        #[cfg(not(feature = "wgpu"))]
         DeviceArg::Wgpu => {
-            bail!("this xtoken was built without wgpu; rebuild with --features wgpu")
+            let device = Default::default();
+            backend::start::<burn::backend::Wgpu>(DeviceKind::Wgpu, std::slice::from_ref(&device))?;
+            run_on::<burn::backend::Wgpu>(&args, &device, "wgpu")
         }
+        #[cfg(not(feature = "wgpu"))]
+        DeviceArg::Wgpu => Ok(backend::check_available(DeviceKind::Wgpu)?),
     }
 }
 

@@ -24,6 +24,8 @@ use xtoken_models::{Architecture, AttentionKernel, CausalLm, ModelError, Tokens,
 
 use super::alloc;
 use crate::cli::models::DtypeArg;
+use xtoken_train::backend;
+use xtoken_train::config::DeviceKind;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Preset {
@@ -147,17 +149,21 @@ pub fn run(args: ForwardBenchArgs) -> Result<()> {
             run_on::<burn_flex::Flex>(&args, &Default::default(), "CPU (flex)")
         }
         #[cfg(feature = "cuda")]
-        DeviceArg::Cuda => run_on::<burn::backend::Cuda>(&args, &Default::default(), "CUDA"),
-        #[cfg(not(feature = "cuda"))]
         DeviceArg::Cuda => {
-            bail!("this xtoken was built without CUDA; rebuild with --features cuda")
+            let device = Default::default();
+            backend::start::<burn::backend::Cuda>(DeviceKind::Cuda, std::slice::from_ref(&device))?;
+            run_on::<burn::backend::Cuda>(&args, &device, "CUDA")
         }
+        #[cfg(not(feature = "cuda"))]
+        DeviceArg::Cuda => Ok(backend::check_available(DeviceKind::Cuda)?),
         #[cfg(feature = "wgpu")]
-        DeviceArg::Wgpu => run_on::<burn::backend::Wgpu>(&args, &Default::default(), "wgpu"),
-        #[cfg(not(feature = "wgpu"))]
         DeviceArg::Wgpu => {
-            bail!("this xtoken was built without wgpu; rebuild with --features wgpu")
+            let device = Default::default();
+            backend::start::<burn::backend::Wgpu>(DeviceKind::Wgpu, std::slice::from_ref(&device))?;
+            run_on::<burn::backend::Wgpu>(&args, &device, "wgpu")
         }
+        #[cfg(not(feature = "wgpu"))]
+        DeviceArg::Wgpu => Ok(backend::check_available(DeviceKind::Wgpu)?),
     }
 }
 

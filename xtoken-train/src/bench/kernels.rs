@@ -25,6 +25,8 @@ use xtoken_kernels::{
 
 use crate::cli::models::DtypeArg;
 use xtoken_kernels::cuda_sources;
+use xtoken_train::backend;
+use xtoken_train::config::DeviceKind;
 #[cfg(feature = "cuda-sources")]
 use xtoken_train::output::write_dir;
 use xtoken_train::output::{self, Names, Own};
@@ -110,17 +112,19 @@ pub fn run(args: KernelBenchArgs) -> Result<()> {
     match device {
         KernelDevice::Ndarray => run_on::<burn::backend::NdArray>(&args, "CPU (ndarray)"),
         #[cfg(feature = "cuda")]
-        KernelDevice::Cuda => run_on::<burn::backend::Cuda>(&args, "CUDA"),
-        #[cfg(feature = "wgpu")]
-        KernelDevice::Wgpu => run_on::<burn::backend::Wgpu>(&args, "wgpu"),
-        #[allow(unreachable_patterns)]
         KernelDevice::Cuda => {
-            bail!("this xtoken was built without CUDA; rebuild with --features cuda")
+            backend::start::<burn::backend::Cuda>(DeviceKind::Cuda, &[Default::default()])?;
+            run_on::<burn::backend::Cuda>(&args, "CUDA")
+        }
+        #[cfg(feature = "wgpu")]
+        KernelDevice::Wgpu => {
+            backend::start::<burn::backend::Wgpu>(DeviceKind::Wgpu, &[Default::default()])?;
+            run_on::<burn::backend::Wgpu>(&args, "wgpu")
         }
         #[allow(unreachable_patterns)]
-        KernelDevice::Wgpu => {
-            bail!("this xtoken was built without wgpu; rebuild with --features wgpu")
-        }
+        KernelDevice::Cuda => Ok(backend::check_available(DeviceKind::Cuda)?),
+        #[allow(unreachable_patterns)]
+        KernelDevice::Wgpu => Ok(backend::check_available(DeviceKind::Wgpu)?),
     }
 }
 

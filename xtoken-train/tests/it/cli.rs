@@ -117,16 +117,38 @@ fn cuda_where_it_cannot_run_is_a_named_error() {
         out = dir.display()
     );
     std::fs::write(&config, toml).unwrap();
-    let out = xtoken(&[
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--device",
-        "cuda",
-    ]);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains(expected) && !err.contains("panicked"), "{err}");
+    let config = config.to_str().unwrap();
+    // The training run, and the benchmarks that start a device themselves: each names what
+    // is missing before it touches the device, whose initialization would panic.
+    let (data, tokenizer) = (dir.to_str().unwrap(), dir.join("t.json"));
+    let tokenizer = tokenizer.to_str().unwrap();
+    for args in [
+        &["train", "--config", config, "--device", "cuda"][..],
+        &[
+            "bench", "forward", "--device", "cuda", "--preset", "tiny", "--len", "4",
+        ],
+        &["bench", "kernels", "--device", "cuda"],
+        &[
+            "bench",
+            "eval",
+            "--device",
+            "cuda",
+            "--preset",
+            "tiny",
+            "--tokenizer",
+            tokenizer,
+            "--data",
+            data,
+        ],
+    ] {
+        let out = xtoken(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(expected) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 
