@@ -300,3 +300,77 @@ fn kinds_of_entries() {
         .to_string()
         .contains("\"zzz\""));
 }
+
+/// SHA-256 of W's rows (each slot's teacher id and weight bits) and its sizes.
+pub fn w_digest(w: &SparseProjection) -> String {
+    let mut bytes = Vec::new();
+    for n in [w.student_vocab_size(), w.teacher_vocab_size(), w.top_k()] {
+        bytes.extend_from_slice(&(n as u64).to_le_bytes());
+    }
+    for s in 0..w.student_vocab_size() as u32 {
+        for (t, x) in w.row(s) {
+            bytes.extend_from_slice(&t.to_le_bytes());
+            bytes.extend_from_slice(&x.to_bits().to_le_bytes());
+        }
+        bytes.push(0xff);
+    }
+    xtoken::core::vocab::sha256_hex(&bytes)
+}
+
+/// W of a pair is built once and read from the cache after, under a name its tokenizers and
+/// parameters decide; a damaged entry is built again and replaced, and `Off` writes nothing.
+#[test]
+fn the_projection_cache_builds_once_per_pair() {
+    use xtoken::core::projection_cache::{ProjectionCache, Source};
+    let (s_dir, t_dir) = (student_dir(), teacher_dir());
+    let student = Vocabulary::load(&s_dir.0).unwrap();
+    let teacher = Vocabulary::load(&t_dir.0).unwrap();
+    let dir = TempDir::new("w-cache");
+    let cache = ProjectionCache::Dir(dir.0.join("projections"));
+    let params = ProjectionParams::default();
+    let (built, source) = cache.get_or_build(&student, &teacher, params).unwrap();
+    let entry = cache.entry(&student, &teacher, &params).unwrap();
+    assert_eq!(source, Source::Built(Some(entry.clone())));
+    let (cached, source) = cache.get_or_build(&student, &teacher, params).unwrap();
+    assert_eq!(source, Source::Cached(entry.clone()));
+    assert_eq!(w_digest(&cached), w_digest(&built));
+    // Other parameters, another entry; the reversed pair, another.
+    let two = ProjectionParams { top_k: 2, ..params };
+    assert_ne!(cache.entry(&student, &teacher, &two), Some(entry.clone()));
+    assert_ne!(
+        cache.entry(&teacher, &student, &params),
+        Some(entry.clone())
+    );
+    // A damaged entry is not used: W is built again, and the entry replaced.
+    let whole = std::fs::read(&entry).unwrap();
+    std::fs::write(&entry, &whole[..whole.len() / 2]).unwrap();
+    let (again, source) = cache.get_or_build(&student, &teacher, params).unwrap();
+    assert_eq!(source, Source::Built(Some(entry.clone())));
+    assert_eq!(w_digest(&again), w_digest(&built));
+    // The replaced entry is whole again and read as it was written (its metadata map is
+    // written in no fixed order, so the bytes may differ).
+    let (reread, source) = cache.get_or_build(&student, &teacher, params).unwrap();
+    assert_eq!(source, Source::Cached(entry.clone()));
+    assert_eq!(w_digest(&reread), w_digest(&built));
+    // Off: built, nothing stored.
+    let (_, source) = ProjectionCache::Off
+        .get_or_build(&student, &teacher, params)
+        .unwrap();
+    assert_eq!(source, Source::Built(None));
+}
+
+/// The digest of W on the tiny pair: a change to what `SparseProjection::build` makes fails
+/// it, and must come with a new `projection_cache::BUILD_VERSION` (cached entries of the old
+/// construction are then never read) and the new digest here.
+#[test]
+fn a_change_to_ws_construction_bumps_the_cache_version() {
+    let (s_dir, t_dir) = (student_dir(), teacher_dir());
+    let student = Vocabulary::load(&s_dir.0).unwrap();
+    let teacher = Vocabulary::load(&t_dir.0).unwrap();
+    let (w, _) = SparseProjection::build(&student, &teacher, ProjectionParams::default()).unwrap();
+    assert_eq!(xtoken::core::projection_cache::BUILD_VERSION, 1);
+    assert_eq!(
+        w_digest(&w),
+        "7eea28e04d6a6ffaa283a242e8dae37b23c1921a51c0f2df98cb89397b9d30bc"
+    );
+}

@@ -24,6 +24,7 @@ pub mod loss;
 pub mod matching;
 pub mod plan;
 pub mod projection;
+pub mod projection_cache;
 /// Files written under a temporary name (kept in `xtoken-kernels`, below the models' writers).
 pub use xtoken_kernels::temporary;
 pub mod vocab;

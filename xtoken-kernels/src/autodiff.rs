@@ -87,6 +87,65 @@ impl<B: XTokenBackend> Backward<B, 3> for AttentionBackward {
     }
 }
 
+/// RMSNorm's backward: the backend's, from the saved input and weights.
+#[derive(Debug)]
+struct RmsNormBackward;
+
+impl<B: XTokenBackend> Backward<B, 2> for RmsNormBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>, f64);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [x_node, gamma_node] = ops.parents;
+        let upstream = grads.consume::<B>(&ops.node);
+        let (x, gamma, epsilon) = ops.state;
+        let (dx, dgamma) = B::xt_rms_norm_backward(x, gamma, epsilon, upstream);
+        if let Some(node) = x_node {
+            grads.register::<B>(node.id, dx);
+        }
+        if let Some(node) = gamma_node {
+            grads.register::<B>(node.id, dgamma);
+        }
+    }
+}
+
+/// The rotation's backward: the rotation by the opposite angle (the tables are constants).
+#[derive(Debug)]
+struct RotaryBackward;
+
+impl<B: XTokenBackend> Backward<B, 1> for RotaryBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [x_node] = ops.parents;
+        let upstream = grads.consume::<B>(&ops.node);
+        let (cos, sin) = ops.state;
+        if let Some(node) = x_node {
+            grads.register::<B>(node.id, B::xt_rotary_backward(upstream, cos, sin));
+        }
+    }
+}
+
+/// SwiGLU's backward, from the saved gate and up projections.
+#[derive(Debug)]
+struct SwigluBackward;
+
+impl<B: XTokenBackend> Backward<B, 2> for SwigluBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [gate_node, up_node] = ops.parents;
+        let upstream = grads.consume::<B>(&ops.node);
+        let (gate, up) = ops.state;
+        let (dgate, dup) = B::xt_swiglu_backward(gate, up, upstream);
+        if let Some(node) = gate_node {
+            grads.register::<B>(node.id, dgate);
+        }
+        if let Some(node) = up_node {
+            grads.register::<B>(node.id, dup);
+        }
+    }
+}
+
 fn inner_entries<B: Backend, C: CheckpointStrategy>(
     entries: TeacherEntries<Autodiff<B, C>>,
 ) -> TeacherEntries<B> {
@@ -208,6 +267,80 @@ impl<B: XTokenBackend, C: CheckpointStrategy> XTokenBackend for Autodiff<B, C> {
 
     fn burn_attention_fused() -> bool {
         B::burn_attention_fused()
+    }
+
+    fn xt_blocks_native() -> bool {
+        B::xt_blocks_native()
+    }
+
+    /// The inner backend's fused RMSNorm with its backward where it has one; burn's ops,
+    /// recorded by autodiff as before, where it has not.
+    fn xt_rms_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        if !B::xt_blocks_native() {
+            return crate::blocks::rms_norm_composed::<Self>(x, gamma, epsilon);
+        }
+        let parents = [x.node.clone(), gamma.node.clone()];
+        match RmsNormBackward
+            .prepare::<C>(parents)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let out = B::xt_rms_norm(x.primitive.clone(), gamma.primitive.clone(), epsilon);
+                prep.finish((x.primitive, gamma.primitive, epsilon), out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::xt_rms_norm(x.primitive, gamma.primitive, epsilon))
+            }
+        }
+    }
+
+    /// The inner backend's fused rotation where it has one (its backward the opposite
+    /// rotation); burn's ops, recorded by autodiff, where it has not.
+    fn xt_rotary(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        if !B::xt_blocks_native() {
+            return crate::blocks::rotary_composed::<Self>(x, cos, sin);
+        }
+        let (cos, sin) = (cos.primitive, sin.primitive);
+        match RotaryBackward
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let out = B::xt_rotary(x.primitive, cos.clone(), sin.clone());
+                prep.finish((cos, sin), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::xt_rotary(x.primitive, cos, sin)),
+        }
+    }
+
+    /// The inner backend's fused SwiGLU with its backward where it has one; burn's ops,
+    /// recorded by autodiff, where it has not.
+    fn xt_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        if !B::xt_blocks_native() {
+            return crate::blocks::swiglu_composed::<Self>(gate, up);
+        }
+        let parents = [gate.node.clone(), up.node.clone()];
+        match SwigluBackward
+            .prepare::<C>(parents)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let out = B::xt_swiglu(gate.primitive.clone(), up.primitive.clone());
+                prep.finish((gate.primitive, up.primitive), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::xt_swiglu(gate.primitive, up.primitive)),
+        }
     }
 
     /// The inner backend's attention; when the graph wants its gradients, the inputs, output

@@ -43,14 +43,18 @@ impl KernelCache {
 
     /// `$XDG_CACHE_HOME/xtoken/kernels`, else `$HOME/.cache/xtoken/kernels`.
     pub fn default_dir() -> Option<PathBuf> {
-        let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-            Some(dir) => PathBuf::from(dir),
-            None => {
-                PathBuf::from(std::env::var_os("HOME").filter(|v| !v.is_empty())?).join(".cache")
-            }
-        };
-        Some(base.join("xtoken").join("kernels"))
+        user_cache_dir("kernels")
     }
+}
+
+/// xtoken's directory `name` in the user's cache: `$XDG_CACHE_HOME/xtoken/NAME`, else
+/// `$HOME/.cache/xtoken/NAME`; `None` without either variable.
+pub fn user_cache_dir(name: &str) -> Option<PathBuf> {
+    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").filter(|v| !v.is_empty())?).join(".cache"),
+    };
+    Some(base.join("xtoken").join(name))
 }
 
 /// What [`configure`] set up.

@@ -36,6 +36,7 @@
 
 pub mod adamw;
 pub mod attention;
+pub mod blocks;
 mod checks;
 pub mod compilations;
 #[cfg(feature = "cube")]
@@ -196,6 +197,67 @@ pub trait XTokenBackend: Backend {
         attention::backward::<Self>(saved, grad_output, spec)
     }
 
+    /// Whether the decoder layer's element-wise blocks ([`blocks`]: RMSNorm, the rotary
+    /// embedding, SwiGLU) run here as one pass each, forward and backward; `false`: the
+    /// default methods compose burn's ops, as the models did before.
+    fn xt_blocks_native() -> bool {
+        false
+    }
+
+    /// RMSNorm over the last dimension of `x` with weights `gamma` ([`blocks::rms_norm`]).
+    fn xt_rms_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        blocks::rms_norm_composed::<Self>(x, gamma, epsilon)
+    }
+
+    /// The gradients of [`XTokenBackend::xt_rms_norm`] with respect to `x` and `gamma`, given
+    /// the output's.
+    fn xt_rms_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        blocks::rms_norm_backward_composed::<Self>(x, gamma, epsilon, grad)
+    }
+
+    /// The rotary embedding of `x` `[batch, len, heads, head_dim]` by `cos`/`sin`
+    /// `[1 or batch, len, half]` ([`blocks::rotary`]).
+    fn xt_rotary(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        blocks::rotary_composed::<Self>(x, cos, sin)
+    }
+
+    /// The gradient of [`XTokenBackend::xt_rotary`] with respect to `x`, given the output's.
+    fn xt_rotary_backward(
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        blocks::rotary_backward_composed::<Self>(grad, cos, sin)
+    }
+
+    /// `silu(gate) · up` ([`blocks::swiglu`]).
+    fn xt_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        blocks::swiglu_composed::<Self>(gate, up)
+    }
+
+    /// The gradients of [`XTokenBackend::xt_swiglu`] with respect to `gate` and `up`, given
+    /// the output's.
+    fn xt_swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        blocks::swiglu_backward_composed::<Self>(gate, up, grad)
+    }
+
     /// One AdamW update of `param` by `grad` (scaled by `step.grad_scale` first) with its
     /// `moments` (`None` at the first update), in one pass where the backend has a kernel.
     fn xt_adamw(
@@ -278,6 +340,124 @@ where
         spec: &attention::AttentionSpec,
     ) -> Result<attention::AttentionGrads<Self>, KernelError> {
         attention::backward::<Self>(saved, grad_output, spec)
+    }
+
+    fn xt_adamw(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<adamw::Moments<Self>>,
+        step: &adamw::AdamWStep,
+    ) -> adamw::AdamWUpdate<Self> {
+        ndarray_adamw::<Self>(param, grad, moments, step)
+    }
+
+    fn xt_blocks_native() -> bool {
+        true
+    }
+
+    fn xt_rms_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        blocks::on_host::rms_norm::<Self>(x, gamma, epsilon)
+    }
+
+    fn xt_rms_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        blocks::on_host::rms_norm_backward::<Self>(x, gamma, epsilon, grad)
+    }
+
+    fn xt_rotary(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        blocks::on_host::rotary::<Self>(x, cos, sin, false)
+    }
+
+    fn xt_rotary_backward(
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        blocks::on_host::rotary::<Self>(grad, cos, sin, true)
+    }
+
+    fn xt_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        blocks::on_host::swiglu::<Self>(gate, up)
+    }
+
+    fn xt_swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        blocks::on_host::swiglu_backward::<Self>(gate, up, grad)
+    }
+}
+
+/// ndarray's AdamW in one pass on the host ([`adamw::update_in_place`]) when every tensor is
+/// f32, each array updated in place where it is its own (copied first where it is shared or
+/// not in standard layout); other dtypes take the composed ops.
+fn ndarray_adamw<B>(
+    param: NdArrayTensor,
+    grad: NdArrayTensor,
+    moments: Option<adamw::Moments<B>>,
+    step: &adamw::AdamWStep,
+) -> adamw::AdamWUpdate<B>
+where
+    B: Backend<FloatTensorPrimitive = NdArrayTensor>,
+{
+    use burn::backend::ndarray::SharedArray;
+    use burn::tensor::{DType, TensorMetadata};
+    let f32s = [&param, &grad]
+        .into_iter()
+        .chain(moments.iter().flat_map(|m| [&m.first, &m.second]))
+        .all(|t| t.dtype() == DType::F32);
+    if !f32s {
+        return adamw::composed::<B>(param, grad, moments, step);
+    }
+    let array = |t: NdArrayTensor| -> SharedArray<f32> {
+        let NdArrayTensor::F32(storage) = t else {
+            unreachable!("checked to be f32 above")
+        };
+        let array = storage.into_owned();
+        if array.is_standard_layout() {
+            array
+        } else {
+            array.as_standard_layout().into_owned().into_shared()
+        }
+    };
+    let (mut param, grad) = (array(param), array(grad));
+    let fresh = moments.is_none();
+    let (mut first, mut second) = match moments {
+        Some(m) => (array(m.first), array(m.second)),
+        None => (
+            SharedArray::zeros(param.raw_dim()),
+            SharedArray::zeros(param.raw_dim()),
+        ),
+    };
+    let standard = "in standard layout, made so above";
+    adamw::update_in_place(
+        param.as_slice_mut().expect(standard),
+        grad.as_slice().expect(standard),
+        first.as_slice_mut().expect(standard),
+        second.as_slice_mut().expect(standard),
+        fresh,
+        step,
+    );
+    let tensor = NdArrayTensor::from;
+    adamw::AdamWUpdate {
+        param: tensor(param),
+        moments: adamw::Moments {
+            first: tensor(first),
+            second: tensor(second),
+        },
     }
 }
 
@@ -364,6 +544,115 @@ impl XTokenBackend for burn_flex::Flex {
     fn burn_attention_fused() -> bool {
         true
     }
+
+    fn xt_adamw(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<adamw::Moments<Self>>,
+        step: &adamw::AdamWStep,
+    ) -> adamw::AdamWUpdate<Self> {
+        flex_adamw(param, grad, moments, step)
+    }
+
+    fn xt_blocks_native() -> bool {
+        true
+    }
+
+    fn xt_rms_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        blocks::on_host::rms_norm::<Self>(x, gamma, epsilon)
+    }
+
+    fn xt_rms_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        blocks::on_host::rms_norm_backward::<Self>(x, gamma, epsilon, grad)
+    }
+
+    fn xt_rotary(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        blocks::on_host::rotary::<Self>(x, cos, sin, false)
+    }
+
+    fn xt_rotary_backward(
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        blocks::on_host::rotary::<Self>(grad, cos, sin, true)
+    }
+
+    fn xt_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        blocks::on_host::swiglu::<Self>(gate, up)
+    }
+
+    fn xt_swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        blocks::on_host::swiglu_backward::<Self>(gate, up, grad)
+    }
+}
+
+/// burn-flex's AdamW in one pass on the host ([`adamw::update_in_place`]) when every tensor is
+/// f32, each buffer updated in place where the tensor is its only owner (copied first where it
+/// is shared or a view); other dtypes take the composed ops.
+fn flex_adamw(
+    param: burn_flex::FlexTensor,
+    grad: burn_flex::FlexTensor,
+    moments: Option<adamw::Moments<burn_flex::Flex>>,
+    step: &adamw::AdamWStep,
+) -> adamw::AdamWUpdate<burn_flex::Flex> {
+    use burn::tensor::DType;
+    use burn_flex::FlexTensor;
+    let f32s = [&param, &grad]
+        .into_iter()
+        .chain(moments.iter().flat_map(|m| [&m.first, &m.second]))
+        .all(|t| t.dtype() == DType::F32);
+    if !f32s {
+        return adamw::composed::<burn_flex::Flex>(param, grad, moments, step);
+    }
+    // A buffer of exactly the tensor's elements in order; the original is dropped first, so
+    // that a tensor that owned its buffer still owns it (and `storage_mut` does not copy).
+    let whole = |t: FlexTensor| {
+        let contiguous = t.to_contiguous();
+        drop(t);
+        contiguous
+    };
+    let (mut param, grad) = (whole(param), whole(grad));
+    let fresh = moments.is_none();
+    let (mut first, mut second) = match moments {
+        Some(m) => (whole(m.first), whole(m.second)),
+        None => {
+            let shape = param.layout().shape().clone();
+            (
+                FlexTensor::zeros(shape.clone(), DType::F32),
+                FlexTensor::zeros(shape, DType::F32),
+            )
+        }
+    };
+    adamw::update_in_place(
+        param.storage_mut::<f32>(),
+        grad.storage::<f32>(),
+        first.storage_mut::<f32>(),
+        second.storage_mut::<f32>(),
+        fresh,
+        step,
+    );
+    adamw::AdamWUpdate {
+        param,
+        moments: adamw::Moments { first, second },
+    }
 }
 
 /// Whether the kernels read these burn-flex logits in place (contiguous f32); other layouts and
@@ -376,4 +665,47 @@ pub fn flex_reads_in_place(logits: &burn_flex::FlexTensor) -> bool {
 fn flex_rows(t: &burn_flex::FlexTensor) -> Option<host::SliceRows<'_>> {
     let shape = t.layout().shape().to_vec();
     host::SliceRows::new(t.as_slice::<f32>()?, &shape)
+}
+
+/// ndarray's f32 arrays, read in place where in standard layout.
+impl<E, I, Q> blocks::HostF32 for burn::backend::NdArray<E, I, Q>
+where
+    burn::backend::NdArray<E, I, Q>: Backend<FloatTensorPrimitive = NdArrayTensor>,
+    NdArrayTensor:
+        From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
+{
+    fn values(t: &NdArrayTensor) -> Option<std::borrow::Cow<'_, [f32]>> {
+        let NdArrayTensor::F32(storage) = t else {
+            return None;
+        };
+        let view = storage.view();
+        Some(match view.to_slice() {
+            Some(slice) => std::borrow::Cow::Borrowed(slice),
+            None => std::borrow::Cow::Owned(view.iter().copied().collect()),
+        })
+    }
+
+    fn from_values(values: Vec<f32>, shape: burn::tensor::Shape) -> NdArrayTensor {
+        let array =
+            burn::backend::ndarray::SharedArray::<f32>::from_shape_vec(shape.to_vec(), values)
+                .expect("as many values as the shape holds");
+        NdArrayTensor::from(array)
+    }
+}
+
+/// burn-flex's f32 tensors, read in place where contiguous.
+impl blocks::HostF32 for burn_flex::Flex {
+    fn values(t: &burn_flex::FlexTensor) -> Option<std::borrow::Cow<'_, [f32]>> {
+        if t.dtype() != burn::tensor::DType::F32 {
+            return None;
+        }
+        Some(match t.as_slice::<f32>() {
+            Some(slice) => std::borrow::Cow::Borrowed(slice),
+            None => std::borrow::Cow::Owned(t.to_contiguous().storage::<f32>().to_vec()),
+        })
+    }
+
+    fn from_values(values: Vec<f32>, shape: burn::tensor::Shape) -> burn_flex::FlexTensor {
+        burn_flex::FlexTensor::from_data(burn::tensor::TensorData::new(values, shape))
+    }
 }

@@ -92,7 +92,7 @@ impl<B: XTokenBackend> DecoderLayer<B> {
     ) -> Result<Tensor<B, 3>> {
         let attention = &self.self_attn;
         let (q, k, v) = attention.rotated(
-            self.input_layernorm.forward(x.clone()),
+            crate::model::rms(&self.input_layernorm, x.clone()),
             rotation.0,
             rotation.1,
             compute,
@@ -151,6 +151,6 @@ impl<B: XTokenBackend> Transformer<B> {
             x = layer.forward_cached(x, (&cos, &sin), &mask, kv, compute)?;
         }
         cache.slots = total;
-        Ok(self.norm.forward(x))
+        Ok(crate::model::rms(&self.norm, x))
     }
 }

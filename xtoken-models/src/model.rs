@@ -17,13 +17,13 @@ use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::backend::Backend;
 use burn::tensor::module::{attention, linear};
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{activation::silu, Bool, DType, Int, Tensor, TensorData, TensorPrimitive};
-use xtoken_kernels::XTokenBackend;
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData, TensorPrimitive};
+use xtoken_kernels::{blocks, XTokenBackend};
 
 use crate::config::Architecture;
 use crate::error::{ModelError, Result};
 use crate::masking::{AttentionKernel, Masking};
-use crate::rope::{self, RopeTables};
+use crate::rope::RopeTables;
 use crate::tokens::Tokens;
 
 /// How a tensor starts when it is not read from a checkpoint.
@@ -103,6 +103,15 @@ pub(crate) fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
             }
         });
     out
+}
+
+/// `norm` on `x` (its last dimension) through the backend's fused RMSNorm where it has one,
+/// burn's `RmsNorm` ops where it has not.
+pub(crate) fn rms<B: XTokenBackend, const D: usize>(
+    norm: &RmsNorm<B>,
+    x: Tensor<B, D>,
+) -> Tensor<B, D> {
+    blocks::rms_norm(x, norm.gamma.val(), norm.epsilon)
 }
 
 /// `x · W + b` in `dtype`: the input, the weight and the bias are cast first (a no-op for a
@@ -211,15 +220,14 @@ impl<B: XTokenBackend> Attention<B> {
         }
     }
 
-    /// `[batch, len, width]` → `[batch, heads, len, head_dim]`, normed per head when asked.
+    /// `[batch, len, width]` → `[batch, len, heads, head_dim]`, normed per head when asked.
     fn heads(&self, x: Tensor<B, 3>, heads: usize, norm: Option<&RmsNorm<B>>) -> Tensor<B, 4> {
         let [batch, len, _] = x.dims();
         let x = x.reshape([batch, len, heads, self.head_dim]);
-        let x = match norm {
-            Some(norm) => norm.forward(x),
+        match norm {
+            Some(norm) => rms(norm, x),
             None => x,
-        };
-        x.swap_dims(1, 2)
+        }
     }
 
     /// The attention block's output, in `compute` (the caller adds it to the residual stream).
@@ -253,10 +261,21 @@ impl<B: XTokenBackend> Attention<B> {
         let (q, k, v) = self.project(x, compute);
         let q = self.heads(q.cast(stream), self.num_heads, self.q_norm.as_ref());
         let k = self.heads(k.cast(stream), self.num_kv_heads, self.k_norm.as_ref());
+        // The rotation runs on the projection's layout, `[batch, len, heads, head_dim]` (one
+        // angle per position for every head), before the heads move ahead of the positions.
+        let (cos, sin) = (
+            cos.clone().squeeze_dim::<3>(1),
+            sin.clone().squeeze_dim::<3>(1),
+        );
+        let rotated = |x: Tensor<B, 4>| {
+            blocks::rotary(x, cos.clone(), sin.clone())
+                .swap_dims(1, 2)
+                .cast(compute)
+        };
         (
-            rope::rotate(q, cos, sin).cast(compute),
-            rope::rotate(k, cos, sin).cast(compute),
-            self.heads(v, self.num_kv_heads, None),
+            rotated(q),
+            rotated(k),
+            self.heads(v, self.num_kv_heads, None).swap_dims(1, 2),
         )
     }
 
@@ -349,7 +368,9 @@ impl<B: Backend> Mlp<B> {
             intermediate_size: inner,
         })
     }
+}
 
+impl<B: XTokenBackend> Mlp<B> {
     /// The MLP's output, in `compute`.
     pub fn forward(&self, x: Tensor<B, 3>, compute: DType) -> Tensor<B, 3> {
         let (gate, up) = match (&self.gate_up_proj, &self.gate_proj, &self.up_proj) {
@@ -366,7 +387,7 @@ impl<B: Backend> Mlp<B> {
             }
             _ => unreachable!("Mlp is built with either gate_up_proj or gate/up_proj"),
         };
-        project(&self.down_proj, silu(gate) * up, compute)
+        project(&self.down_proj, blocks::swiglu(gate, up), compute)
     }
 }
 
@@ -408,7 +429,7 @@ impl<B: XTokenBackend> DecoderLayer<B> {
         compute: DType,
     ) -> Result<Tensor<B, 3>> {
         let attended = self.self_attn.forward(
-            self.input_layernorm.forward(x.clone()),
+            rms(&self.input_layernorm, x.clone()),
             tables,
             masking,
             compute,
@@ -428,7 +449,7 @@ impl<B: XTokenBackend> DecoderLayer<B> {
         let x = x + attended.cast(stream);
         let mlp = self
             .mlp
-            .forward(self.post_attention_layernorm.forward(x.clone()), compute);
+            .forward(rms(&self.post_attention_layernorm, x.clone()), compute);
         x + mlp.cast(stream)
     }
 }
@@ -578,7 +599,7 @@ impl<B: XTokenBackend> Transformer<B> {
         for layer in &self.layers {
             x = layer.forward(x, &context.tables, &context.masking, compute)?;
         }
-        Ok(self.norm.forward(x))
+        Ok(rms(&self.norm, x))
     }
 
     /// Logits `[batch, len, vocab]` of tokens checked where they were made (no read of the

@@ -82,7 +82,7 @@ where
 
         // Final norm and the loss, with a graph from the last layer's output on.
         let top = Tensor::<B, 3>::from_inner(x).require_grad();
-        let value = loss(self, self.norm.forward(top.clone()))?;
+        let value = loss(self, crate::model::rms(&self.norm, top.clone()))?;
         let mut grads = value.backward();
         let mut upstream = top.grad(&grads);
         let mut model = GradientsParams::new();

@@ -11,24 +11,6 @@ use cubecl::prelude::*;
 use super::launch::{Cube, Launcher};
 use crate::adamw::{composed, AdamWStep, AdamWUpdate, Moments};
 
-/// The step's constants as the kernel reads them (f32, as the composed ops apply them):
-/// gradient scale, β₁, 1 − β₁, β₂, 1 − β₂, both bias corrections, ε, `1 − lr·λ`, lr.
-fn constants(step: &AdamWStep) -> [f32; 10] {
-    let (bias_1, bias_2) = step.bias_corrections();
-    [
-        step.grad_scale as f32,
-        step.beta_1,
-        1.0 - step.beta_1,
-        step.beta_2,
-        1.0 - step.beta_2,
-        bias_1,
-        bias_2,
-        step.epsilon,
-        step.keep() as f32,
-        step.lr as f32,
-    ]
-}
-
 /// One element per unit. With `fresh` = 1 (the first update) the moments start at zero and
 /// `first`/`second` are not read. `fresh` is a runtime scalar, not a comptime one, so that the
 /// first update and the later ones are one compiled kernel: a step after the first compiles
@@ -98,7 +80,7 @@ pub(super) fn update<B: Cube<R>, R: CubeRuntime>(
     let out = || launcher.empty(shape.clone(), DType::F32);
     let (new_param, new_first, new_second) = (out(), out(), out());
     let (count, dim) = launcher.elementwise(n);
-    let c = constants(step);
+    let c = step.constants();
     unsafe {
         adamw_update::launch_unchecked::<R>(
             &launcher.client,
@@ -112,16 +94,16 @@ pub(super) fn update<B: Cube<R>, R: CubeRuntime>(
             new_param.clone().into_array_arg(),
             new_first.clone().into_array_arg(),
             new_second.clone().into_array_arg(),
-            c[0],
-            c[1],
-            c[2],
-            c[3],
-            c[4],
-            c[5],
-            c[6],
-            c[7],
-            c[8],
-            c[9],
+            c.grad_scale,
+            c.beta_1,
+            c.factor_1,
+            c.beta_2,
+            c.factor_2,
+            c.bias_1,
+            c.bias_2,
+            c.epsilon,
+            c.keep,
+            c.lr,
             n,
             fresh,
         );

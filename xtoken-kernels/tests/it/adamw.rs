@@ -1,12 +1,17 @@
 //! The AdamW update of `XTokenBackend::xt_adamw`: its portable composition gives burn's `AdamW`
-//! bitwise (with the clipping scale applied to the gradient first), and both follow an f64
-//! reference written from AdamW's definition.
+//! bitwise (with the clipping scale applied to the gradient first), the host backends' one-pass
+//! update gives the composition's bits, and all follow an f64 reference written from AdamW's
+//! definition.
 
 use crate::support;
 
 use burn::backend::NdArray;
 use burn::optim::{AdamWConfig, SimpleOptimizer};
+use burn::tensor::ops::FloatTensorOps;
 use burn::tensor::Tensor;
+use burn_flex::Flex;
+use xtoken_kernels::adamw::{composed, AdamWStep};
+use xtoken_kernels::XTokenBackend;
 
 type B = NdArray;
 
@@ -46,16 +51,101 @@ fn burns_adamw() -> Vec<[Vec<f32>; 3]> {
     seen
 }
 
-#[test]
-fn the_composed_update_is_burns_adamw_bitwise() {
-    let ours = support::adamw_updates::<B>(&Default::default());
-    let burns = burns_adamw();
-    for (step, (a, b)) in ours.iter().zip(&burns).enumerate() {
+/// Each step's parameter and moments are the same bits.
+fn assert_bitwise(ours: &[[Vec<f32>; 3]], theirs: &[[Vec<f32>; 3]], who: &str) {
+    assert_eq!(ours.len(), theirs.len());
+    for (step, (a, b)) in ours.iter().zip(theirs).enumerate() {
         for (what, (x, y)) in ["parameter", "m", "v"].iter().zip(a.iter().zip(b)) {
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(x), bits(y), "step {}: {what} differs", step + 1);
+            assert_eq!(bits(x), bits(y), "{who}, step {}: {what} differs", step + 1);
         }
     }
+}
+
+#[test]
+fn the_composed_update_is_burns_adamw_bitwise() {
+    let ours = support::adamw_updates_by::<B>(&Default::default(), composed::<B>);
+    assert_bitwise(&ours, &burns_adamw(), "composed ops");
+}
+
+/// ndarray and burn-flex update f32 parameters in one pass on the host: the same bits as the
+/// composition (burn's `AdamW`), on both backends.
+#[test]
+fn the_host_update_is_the_composition_bitwise() {
+    let burns = burns_adamw();
+    assert_bitwise(
+        &support::adamw_updates::<B>(&Default::default()),
+        &burns,
+        "ndarray's host update",
+    );
+    let flex = support::adamw_updates::<Flex>(&Default::default());
+    assert_bitwise(&flex, &burns, "burn-flex's host update");
+    let composed_on_flex = support::adamw_updates_by::<Flex>(&Default::default(), composed::<Flex>);
+    assert_bitwise(
+        &flex,
+        &composed_on_flex,
+        "burn-flex's host update against its composition",
+    );
+}
+
+/// A tensor that owns its buffer is updated in place (no new allocation of the parameter's
+/// size); one shared with another owner, or a view, is copied first and the other owner's
+/// values are left as they were.
+#[test]
+fn the_host_update_writes_in_place_only_what_it_owns() {
+    let step = AdamWStep {
+        lr: 1e-2,
+        beta_1: 0.9,
+        beta_2: 0.95,
+        epsilon: 1e-8,
+        weight_decay: 0.1,
+        time: 1,
+        grad_scale: 0.5,
+    };
+    let device = Default::default();
+    let tensor = |seed| {
+        support::logits::<Flex>(seed, [1, 64, 33], &device)
+            .reshape([64, 33])
+            .into_primitive()
+            .tensor()
+    };
+    let (param, grad) = (tensor(1), tensor(2));
+    let address = param.bytes().as_ptr();
+    let first = Flex::xt_adamw(param, grad.clone(), None, &step);
+    assert_eq!(
+        first.param.bytes().as_ptr(),
+        address,
+        "an owned parameter is updated in place"
+    );
+    let moments = first.moments.first.bytes().as_ptr();
+    let kept = first.param.clone();
+    let before = support::floats::<Flex, 2>(kept.clone());
+    let second_step = AdamWStep { time: 2, ..step };
+    let second = Flex::xt_adamw(first.param, grad.clone(), Some(first.moments), &second_step);
+    assert_eq!(
+        second.moments.first.bytes().as_ptr(),
+        moments,
+        "owned moments in place"
+    );
+    assert_ne!(
+        second.param.bytes().as_ptr(),
+        address,
+        "a shared parameter is copied"
+    );
+    assert_eq!(
+        support::floats::<Flex, 2>(kept),
+        before,
+        "the other owner's values"
+    );
+    // A transposed view: its values, not its buffer's order, are updated.
+    let view = Flex::float_swap_dims(tensor(3), 0, 1);
+    let grad_t = Flex::float_swap_dims(grad, 0, 1);
+    let viewed = Flex::xt_adamw(view.clone(), grad_t.clone(), None, &step);
+    let plain = composed::<Flex>(view, grad_t, None, &step);
+    assert_eq!(
+        support::floats::<Flex, 2>(viewed.param),
+        support::floats::<Flex, 2>(plain.param)
+    );
 }
 
 #[test]

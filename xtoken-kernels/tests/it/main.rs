@@ -6,6 +6,7 @@
 
 mod adamw;
 mod attention;
+mod blocks;
 mod portable;
 mod support;
 

@@ -4,6 +4,7 @@
 use burn_backend::tensor::FloatTensor;
 use xtoken_kernels::adamw::{AdamWStep, AdamWUpdate, Moments};
 use xtoken_kernels::attention::{Attended, AttentionGrads, AttentionSaved, AttentionSpec};
+use xtoken_kernels::blocks;
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_kernels::{
     DistillSpec, EntriesSpec, GradRequest, KernelError, LossOutput, ProjectionTensors,
@@ -85,6 +86,66 @@ impl<I: XTokenBackend> XTokenBackend for Counted<I> {
             k: grads.k,
             v: grads.v,
         })
+    }
+
+    fn xt_blocks_native() -> bool {
+        I::xt_blocks_native()
+    }
+
+    // The blocks: `I`'s fused passes where it has them, else burn's ops on this backend, so
+    // that they are counted as before.
+    fn xt_rms_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        match I::xt_blocks_native() {
+            true => I::xt_rms_norm(x, gamma, epsilon),
+            false => blocks::rms_norm_composed::<Self>(x, gamma, epsilon),
+        }
+    }
+
+    fn xt_rms_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        I::xt_rms_norm_backward(x, gamma, epsilon, grad)
+    }
+
+    fn xt_rotary(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        match I::xt_blocks_native() {
+            true => I::xt_rotary(x, cos, sin),
+            false => blocks::rotary_composed::<Self>(x, cos, sin),
+        }
+    }
+
+    fn xt_rotary_backward(
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        I::xt_rotary_backward(grad, cos, sin)
+    }
+
+    fn xt_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        match I::xt_blocks_native() {
+            true => I::xt_swiglu(gate, up),
+            false => blocks::swiglu_composed::<Self>(gate, up),
+        }
+    }
+
+    fn xt_swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        I::xt_swiglu_backward(gate, up, grad)
     }
 
     fn xt_adamw(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use xtoken_core::align::Aligner;
 use xtoken_core::cache::AlignCache;
 use xtoken_core::projection::SparseProjection;
+use xtoken_core::projection_cache::{self, ProjectionCache};
 use xtoken_core::vocab::Vocabulary;
 use xtoken_models::HfConfig;
 
@@ -144,7 +145,8 @@ pub fn prepare_shared_files(config: &RunConfig) -> Result<()> {
     Ok(())
 }
 
-/// Loads W for a teacher, building and storing it when absent.
+/// Loads W for a teacher; when the run has none yet, takes it from the user's projection cache
+/// (built there once per tokenizer pair, [`ProjectionCache`]) and stores it in the run.
 pub fn projection_for(
     config: &RunConfig,
     settings: &TeacherSettings,
@@ -156,7 +158,19 @@ pub fn projection_for(
         return SparseProjection::load_verified(path, student, teacher)
             .with_context(|| format!("teacher {}: W", settings.name));
     }
-    let (w, _) = SparseProjection::build(student, teacher, config.projection_params())?;
+    let (w, source) =
+        ProjectionCache::from_env().get_or_build(student, teacher, config.projection_params())?;
+    match &source {
+        projection_cache::Source::Cached(entry) => tracing::info!(
+            "teacher {}: W of this tokenizer pair from the cache, {}",
+            settings.name,
+            entry.display()
+        ),
+        projection_cache::Source::Built(Some(entry)) => {
+            tracing::info!("teacher {}: W cached at {}", settings.name, entry.display())
+        }
+        projection_cache::Source::Built(None) => {}
+    }
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
@@ -167,7 +181,7 @@ pub fn projection_for(
         .persist(path)
         .with_context(|| format!("renaming {at} into place"))?;
     tracing::info!(
-        "teacher {}: built W ({} × {}, top-{}) into {}",
+        "teacher {}: W ({} × {}, top-{}) into {}",
         settings.name,
         w.student_vocab_size(),
         w.teacher_vocab_size(),

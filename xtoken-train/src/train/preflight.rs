@@ -547,8 +547,8 @@ fn first_prompt(source: &Source, fields: &Fields, field: &str) -> Result<()> {
     )))
 }
 
-/// Teacher `m`'s loss (the audit's choice for `auto`) and W; an absent W is built in memory for
-/// the audit only.
+/// Teacher `m`'s loss (the audit's choice for `auto`) and W; an absent W is taken from the
+/// projection cache or built (and cached) for the audit, not written into the run.
 fn teacher_plan(config: &RunConfig, inputs: &RunInputs, m: usize) -> Result<TeacherPlan> {
     let settings = &inputs.settings[m];
     let (student, teacher) = (&inputs.pipeline.student, &inputs.pipeline.teachers[m]);
@@ -560,9 +560,11 @@ fn teacher_plan(config: &RunConfig, inputs: &RunInputs, m: usize) -> Result<Teac
             SparseProjection::load_verified(path, student, teacher)
                 .with_context(|| format!("teacher {}: W", settings.name))?,
         ),
-        (true, false) if settings.loss.is_none() => {
-            Some(SparseProjection::build(student, teacher, config.projection_params())?.0)
-        }
+        (true, false) if settings.loss.is_none() => Some(
+            xtoken_core::projection_cache::ProjectionCache::from_env()
+                .get_or_build(student, teacher, config.projection_params())?
+                .0,
+        ),
         (true, false) => None,
     };
     let loss = match (settings.loss, &w) {

@@ -256,6 +256,19 @@ pub fn entries_for<B: XTokenBackend>(
 /// clipping scale below 1, the later ones with new gradients; after each, the parameter and both
 /// moments as host values.
 pub fn adamw_updates<B: XTokenBackend>(device: &B::Device) -> Vec<[Vec<f32>; 3]> {
+    adamw_updates_by::<B>(device, B::xt_adamw)
+}
+
+/// [`adamw_updates`] through `update` (an implementation of `xt_adamw`).
+pub fn adamw_updates_by<B: Backend>(
+    device: &B::Device,
+    update: impl Fn(
+        FloatTensor<B>,
+        FloatTensor<B>,
+        Option<xtoken_kernels::adamw::Moments<B>>,
+        &xtoken_kernels::adamw::AdamWStep,
+    ) -> xtoken_kernels::adamw::AdamWUpdate<B>,
+) -> Vec<[Vec<f32>; 3]> {
     use xtoken_kernels::adamw::AdamWStep;
     let tensor = |seed| {
         logits::<B>(seed, [1, 5, 7], device)
@@ -276,7 +289,7 @@ pub fn adamw_updates<B: XTokenBackend>(device: &B::Device) -> Vec<[Vec<f32>; 3]>
             time,
             grad_scale: if time == 1 { 0.37 } else { 1.0 },
         };
-        let update = B::xt_adamw(param, tensor(10 + time as u32), moments, &step);
+        let update = update(param, tensor(10 + time as u32), moments, &step);
         seen.push([
             floats::<B, 2>(update.param.clone()),
             floats::<B, 2>(update.moments.first.clone()),
