@@ -111,7 +111,10 @@ impl Architecture {
                 return Err(field(name, "must be positive".into()));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(field(
                 "num_key_value_heads",
                 format!(
@@ -121,7 +124,7 @@ impl Architecture {
             ));
         }
         let rotary = self.rope.rotary_dim;
-        if rotary == 0 || rotary % 2 != 0 || rotary > self.head_dim {
+        if rotary == 0 || !rotary.is_multiple_of(2) || rotary > self.head_dim {
             return Err(field(
                 "partial_rotary_factor",
                 format!(

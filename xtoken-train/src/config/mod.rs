@@ -773,7 +773,7 @@ impl RunConfig {
     pub fn grad_accum(&self, workers: usize) -> Result<usize> {
         let t = &self.training;
         let per_pass = t.micro_batch * workers;
-        if t.batch_size % per_pass != 0 {
+        if !t.batch_size.is_multiple_of(per_pass) {
             return Err(Error::Config(format!(
                 "training.batch_size = {}: must be a multiple of training.micro_batch ({}) × workers ({workers})",
                 t.batch_size,

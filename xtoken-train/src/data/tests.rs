@@ -15,7 +15,7 @@ use super::pipeline::AlignedText;
 /// The teacher spelling of a student id: odd ids split in two, as a digit-splitting
 /// teacher splits a packed numeral.
 fn spell(s: u32) -> Vec<u32> {
-    if s % 2 == 0 {
+    if s.is_multiple_of(2) {
         vec![s]
     } else {
         vec![s, s + 1000]

@@ -226,7 +226,7 @@ impl<B: TrainBackend> Run<B> {
         let step = self.state.step;
         let lead = self.held_out.is_some() || self.benchmarks.is_some();
         match &self.config.eval {
-            Some(eval) if lead => step % eval.every == 0 || step == self.last,
+            Some(eval) if lead => step.is_multiple_of(eval.every) || step == self.last,
             _ => false,
         }
     }
@@ -421,7 +421,7 @@ impl<B: TrainBackend> Run<B> {
     /// Records a step's metrics: the progress bar or a log line, and `metrics.csv`.
     pub fn log(&mut self, row: StepMetrics) -> Result<()> {
         let every = self.config.training.log_every;
-        let due = row.step % every == 0 || row.step == self.last;
+        let due = row.step.is_multiple_of(every) || row.step == self.last;
         let names: Vec<&str> = self
             .teachers
             .iter()
@@ -439,7 +439,8 @@ impl<B: TrainBackend> Run<B> {
     /// `checkpoint.every` steps and at the last one, on the lead worker.
     pub fn checkpoint_due(&self) -> bool {
         let step = self.state.step;
-        self.worker.leads() && (step % self.config.checkpoint.every == 0 || step == self.last)
+        self.worker.leads()
+            && (step.is_multiple_of(self.config.checkpoint.every) || step == self.last)
     }
 
     /// Writes a checkpoint of the current step (keeping the newest `checkpoint.keep`) and

@@ -175,7 +175,9 @@ impl Case {
         let mut relaxed = pairs.clone();
         relaxed.extend(
             (0..vs as u32)
-                .filter(|s| common.student_partner[*s as usize] < 0 && mix(*s as u64, 33) % 2 == 0)
+                .filter(|s| {
+                    common.student_partner[*s as usize] < 0 && mix(*s as u64, 33).is_multiple_of(2)
+                })
                 .map(|s| (s, (mix(s as u64, 34) % vt as u64) as u32)),
         );
         let relaxed = CommonPairs::new(&relaxed, vs, vt).unwrap();
