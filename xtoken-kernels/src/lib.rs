@@ -270,6 +270,61 @@ pub trait XTokenBackend: Backend {
     }
 }
 
+/// The blocks' methods of `XTokenBackend` on a `blocks::HostF32` backend (ndarray,
+/// burn-flex): its host passes, the composition where a tensor is not f32.
+macro_rules! host_blocks {
+    () => {
+        fn xt_blocks_native() -> bool {
+            true
+        }
+
+        fn xt_rms_norm(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            epsilon: f64,
+        ) -> FloatTensor<Self> {
+            blocks::on_host::rms_norm::<Self>(x, gamma, epsilon)
+        }
+
+        fn xt_rms_norm_backward(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            epsilon: f64,
+            grad: FloatTensor<Self>,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+            blocks::on_host::rms_norm_backward::<Self>(x, gamma, epsilon, grad)
+        }
+
+        fn xt_rotary(
+            x: FloatTensor<Self>,
+            cos: FloatTensor<Self>,
+            sin: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            blocks::on_host::rotary::<Self>(x, cos, sin, false)
+        }
+
+        fn xt_rotary_backward(
+            grad: FloatTensor<Self>,
+            cos: FloatTensor<Self>,
+            sin: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            blocks::on_host::rotary::<Self>(grad, cos, sin, true)
+        }
+
+        fn xt_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+            blocks::on_host::swiglu::<Self>(gate, up)
+        }
+
+        fn xt_swiglu_backward(
+            gate: FloatTensor<Self>,
+            up: FloatTensor<Self>,
+            grad: FloatTensor<Self>,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+            blocks::on_host::swiglu_backward::<Self>(gate, up, grad)
+        }
+    };
+}
+
 /// ndarray's f32 logits are already host memory: the kernels read them in place, without the
 /// row copies of the portable path.
 impl<E, I, Q> XTokenBackend for burn::backend::NdArray<E, I, Q>
@@ -351,54 +406,7 @@ where
         ndarray_adamw::<Self>(param, grad, moments, step)
     }
 
-    fn xt_blocks_native() -> bool {
-        true
-    }
-
-    fn xt_rms_norm(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> FloatTensor<Self> {
-        blocks::on_host::rms_norm::<Self>(x, gamma, epsilon)
-    }
-
-    fn xt_rms_norm_backward(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        epsilon: f64,
-        grad: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        blocks::on_host::rms_norm_backward::<Self>(x, gamma, epsilon, grad)
-    }
-
-    fn xt_rotary(
-        x: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        blocks::on_host::rotary::<Self>(x, cos, sin, false)
-    }
-
-    fn xt_rotary_backward(
-        grad: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        blocks::on_host::rotary::<Self>(grad, cos, sin, true)
-    }
-
-    fn xt_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        blocks::on_host::swiglu::<Self>(gate, up)
-    }
-
-    fn xt_swiglu_backward(
-        gate: FloatTensor<Self>,
-        up: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        blocks::on_host::swiglu_backward::<Self>(gate, up, grad)
-    }
+    host_blocks!();
 }
 
 /// ndarray's AdamW in one pass on the host ([`adamw::update_in_place`]) when every tensor is
@@ -554,54 +562,7 @@ impl XTokenBackend for burn_flex::Flex {
         flex_adamw(param, grad, moments, step)
     }
 
-    fn xt_blocks_native() -> bool {
-        true
-    }
-
-    fn xt_rms_norm(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> FloatTensor<Self> {
-        blocks::on_host::rms_norm::<Self>(x, gamma, epsilon)
-    }
-
-    fn xt_rms_norm_backward(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        epsilon: f64,
-        grad: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        blocks::on_host::rms_norm_backward::<Self>(x, gamma, epsilon, grad)
-    }
-
-    fn xt_rotary(
-        x: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        blocks::on_host::rotary::<Self>(x, cos, sin, false)
-    }
-
-    fn xt_rotary_backward(
-        grad: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        blocks::on_host::rotary::<Self>(grad, cos, sin, true)
-    }
-
-    fn xt_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        blocks::on_host::swiglu::<Self>(gate, up)
-    }
-
-    fn xt_swiglu_backward(
-        gate: FloatTensor<Self>,
-        up: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        blocks::on_host::swiglu_backward::<Self>(gate, up, grad)
-    }
+    host_blocks!();
 }
 
 /// burn-flex's AdamW in one pass on the host ([`adamw::update_in_place`]) when every tensor is
