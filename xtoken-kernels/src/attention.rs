@@ -216,6 +216,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// The batch row and the KV head of a query head.
+struct Heads {
+    b: usize,
+    kv: usize,
+}
+
 /// The inputs read to the host, with their layout.
 struct Host {
     d: Dims,
@@ -230,17 +236,25 @@ impl Host {
         &self.q[at..at + self.d.head_dim]
     }
 
-    /// Key and value rows `j` of the KV head query head `bh` (batch · heads + head) reads.
-    fn kv_rows(&self, bh: usize, j: usize) -> (&[f32], &[f32]) {
+    /// The batch row and the KV head (batch · KV heads + KV head) query head `bh` (batch ·
+    /// heads + head) reads: found once per query row, not per key.
+    fn heads_of(&self, bh: usize) -> Heads {
         let (b, h) = (bh / self.d.heads, bh % self.d.heads);
-        let kv = b * self.d.kv_heads + h / self.d.group();
+        Heads {
+            b,
+            kv: b * self.d.kv_heads + h / self.d.group(),
+        }
+    }
+
+    /// Key and value rows `j` of KV head `kv`.
+    fn kv_at(&self, kv: usize, j: usize) -> (&[f32], &[f32]) {
         let at = (kv * self.d.keys + j) * self.d.head_dim;
         let n = self.d.head_dim;
         (&self.k[at..at + n], &self.v[at..at + n])
     }
 
-    fn padded(&self, spec: &AttentionSpec, bh: usize, j: usize) -> bool {
-        let b = bh / self.d.heads;
+    /// Whether key `j` of batch row `b` is padding.
+    fn padded_at(&self, spec: &AttentionSpec, b: usize, j: usize) -> bool {
         spec.key_padding
             .as_ref()
             .is_some_and(|p| p[b * self.d.keys + j])
@@ -257,10 +271,11 @@ impl Host {
     ) -> std::ops::Range<usize> {
         let range = self.d.visible(spec, i);
         let q = self.q_row(bh, i);
+        let Heads { b, kv } = self.heads_of(bh);
         scores.clear();
-        scores.extend(range.clone().map(|j| match self.padded(spec, bh, j) {
+        scores.extend(range.clone().map(|j| match self.padded_at(spec, b, j) {
             true => f32::NEG_INFINITY,
-            false => spec.scale * dot(q, self.kv_rows(bh, j).0),
+            false => spec.scale * dot(q, self.kv_at(kv, j).0),
         }));
         range
     }
@@ -296,11 +311,12 @@ pub fn forward<B: Backend>(
                 return;
             }
             let mut sum = 0.0f32;
+            let kv = host.heads_of(bh).kv;
             for (s, j) in scores.iter_mut().zip(range) {
                 *s = (*s - max).exp();
                 sum += *s;
                 if *s > 0.0 {
-                    let value = host.kv_rows(bh, j).1;
+                    let value = host.kv_at(kv, j).1;
                     out.iter_mut().zip(value).for_each(|(o, x)| *o += *s * x);
                 }
             }
@@ -363,20 +379,21 @@ pub fn backward<B: Backend>(
         .collect();
     let row = |bh: usize, i: usize| bh * d.queries + i;
     let grad_row = |r: usize| &grad[r * n..r * n + n];
-    // p_ij and ∂s_ij of query row r and key j.
-    let terms = |bh: usize, i: usize, j: usize| {
-        let r = row(bh, i);
-        let (key, value) = host.kv_rows(bh, j);
-        let p = (spec.scale * dot(host.q_row(bh, i), key) - lse[r]).exp();
-        (p, p * (dot(grad_row(r), value) - delta[r]))
+    // p_ij and ∂s_ij of query row r (query q, output gradient g) and key j of KV head kv.
+    let terms = |(r, q, g): (usize, &[f32], &[f32]), kv: usize, j: usize| {
+        let (key, value) = host.kv_at(kv, j);
+        let p = (spec.scale * dot(q, key) - lse[r]).exp();
+        (p, p * (dot(g, value) - delta[r]))
     };
     let mut dq = vec![0.0f32; host.q.len()];
     dq.par_chunks_mut(n.max(1)).enumerate().for_each(|(r, dq)| {
         let (bh, i) = (r / d.queries, r % d.queries);
+        let Heads { b, kv } = host.heads_of(bh);
+        let query = (r, host.q_row(bh, i), grad_row(r));
         for j in d.visible(spec, i) {
-            if !host.padded(spec, bh, j) {
-                let ds = terms(bh, i, j).1 * spec.scale;
-                let key = host.kv_rows(bh, j).0;
+            if !host.padded_at(spec, b, j) {
+                let ds = terms(query, kv, j).1 * spec.scale;
+                let key = host.kv_at(kv, j).0;
                 dq.iter_mut().zip(key).for_each(|(g, x)| *g += ds * x);
             }
         }
@@ -391,12 +408,13 @@ pub fn backward<B: Backend>(
             let (b, g) = (kv / d.kv_heads, kv % d.kv_heads);
             for h in g * d.group()..(g + 1) * d.group() {
                 let bh = b * d.heads + h;
-                if host.padded(spec, bh, j) {
+                if host.padded_at(spec, b, j) {
                     continue;
                 }
                 for i in d.seeing(spec, j) {
-                    let (p, ds) = terms(bh, i, j);
-                    let (q, g_out) = (host.q_row(bh, i), grad_row(row(bh, i)));
+                    let r = row(bh, i);
+                    let (q, g_out) = (host.q_row(bh, i), grad_row(r));
+                    let (p, ds) = terms((r, q, g_out), kv, j);
                     dv.iter_mut().zip(g_out).for_each(|(a, x)| *a += p * x);
                     dk.iter_mut()
                         .zip(q)

@@ -34,6 +34,9 @@
 //! [`deferred::defer`] the checks that name a non-finite row wait until a loss is found
 //! non-finite: a training step's kernels read nothing back.
 
+#[macro_use]
+mod wide;
+
 pub mod adamw;
 pub mod attention;
 pub mod blocks;
@@ -44,6 +47,7 @@ pub mod cube;
 pub mod cuda_sources;
 pub mod deferred;
 pub mod device;
+pub mod embedding;
 pub mod error;
 #[cfg(feature = "fusion")]
 mod fusion;
@@ -258,6 +262,17 @@ pub trait XTokenBackend: Backend {
         blocks::swiglu_backward_composed::<Self>(gate, up, grad)
     }
 
+    /// `table` `[rows, cols]` plus an embedding lookup's gradient: `values` `[n, cols]` added
+    /// at rows `indices` `[n]`, repeated indices summed first ([`embedding`]). Host backends
+    /// add into `table`'s buffer; the default composes burn's lookup backward and the sum.
+    fn xt_add_rows(
+        table: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+        values: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        embedding::add_rows_composed::<Self>(table, indices, values)
+    }
+
     /// One AdamW update of `param` by `grad` (scaled by `step.grad_scale` first) with its
     /// `moments` (`None` at the first update), in one pass where the backend has a kernel.
     fn xt_adamw(
@@ -276,6 +291,14 @@ macro_rules! host_blocks {
     () => {
         fn xt_blocks_native() -> bool {
             true
+        }
+
+        fn xt_add_rows(
+            table: FloatTensor<Self>,
+            indices: IntTensor<Self>,
+            values: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            embedding::add_rows_on_host::<Self>(table, indices, values)
         }
 
         fn xt_rms_norm(
@@ -594,11 +617,14 @@ fn flex_adamw(
     let fresh = moments.is_none();
     let (mut first, mut second) = match moments {
         Some(m) => (whole(m.first), whole(m.second)),
+        // The first update writes the moments without reading them. A typed zero buffer:
+        // burn-flex's `zeros` fills a byte vector and then copies it into an aligned one, two
+        // more passes over each moment.
         None => {
             let shape = param.layout().shape().clone();
             (
-                FlexTensor::zeros(shape.clone(), DType::F32),
-                FlexTensor::zeros(shape, DType::F32),
+                FlexTensor::filled_typed(shape.clone(), DType::F32, 0f32),
+                FlexTensor::filled_typed(shape, DType::F32, 0f32),
             )
         }
     };
@@ -652,6 +678,40 @@ where
                 .expect("as many values as the shape holds");
         NdArrayTensor::from(array)
     }
+
+    fn update_values(
+        t: NdArrayTensor,
+        update: impl FnOnce(&mut [f32]),
+    ) -> Result<NdArrayTensor, NdArrayTensor> {
+        let NdArrayTensor::F32(storage) = t else {
+            return Err(t);
+        };
+        let array = storage.into_owned();
+        let shape = array.shape().to_vec();
+        let transposed = shape.len() == 2 && array.t().is_standard_layout();
+        let mut array = match (array.is_standard_layout(), transposed) {
+            (true, _) => array,
+            (false, true) => {
+                let stored = array
+                    .t()
+                    .to_slice()
+                    .map(|s| host::transpose(s, shape[1], shape[0]));
+                let values = stored.expect("a standard layout's transpose, checked above");
+                let standard = burn::backend::ndarray::SharedArray::<f32>::from_shape_vec(
+                    shape.clone(),
+                    values,
+                );
+                standard.expect("as many values as the shape holds")
+            }
+            (false, false) => array.as_standard_layout().into_owned().into_shared(),
+        };
+        update(
+            array
+                .as_slice_mut()
+                .expect("in standard layout, made so above"),
+        );
+        Ok(NdArrayTensor::from(array))
+    }
 }
 
 /// burn-flex's f32 tensors, read in place where contiguous.
@@ -668,5 +728,34 @@ impl blocks::HostF32 for burn_flex::Flex {
 
     fn from_values(values: Vec<f32>, shape: burn::tensor::Shape) -> burn_flex::FlexTensor {
         burn_flex::FlexTensor::from_data(burn::tensor::TensorData::new(values, shape))
+    }
+
+    fn update_values(
+        t: burn_flex::FlexTensor,
+        update: impl FnOnce(&mut [f32]),
+    ) -> Result<burn_flex::FlexTensor, burn_flex::FlexTensor> {
+        if t.dtype() != burn::tensor::DType::F32 {
+            return Err(t);
+        }
+        // A 2-D transposed view of a whole buffer (autodiff's gradient of a transposed
+        // operand): the host's blocked transpose, not burn-flex's strided copy.
+        let layout = t.layout();
+        let shape = layout.shape().to_vec();
+        let transposed = shape.len() == 2
+            && layout.strides() == [1, shape[0] as isize]
+            && layout.start_offset() == 0
+            && t.storage::<f32>().len() == shape[0] * shape[1];
+        let mut whole = match transposed {
+            true => {
+                let values = host::transpose(t.storage::<f32>(), shape[1], shape[0]);
+                <Self as blocks::HostF32>::from_values(values, shape.into())
+            }
+            false => t.to_contiguous(),
+        };
+        // The original dropped first, so that a tensor that owned its buffer still owns it
+        // (and `storage_mut` does not copy).
+        drop(t);
+        update(whole.storage_mut::<f32>());
+        Ok(whole)
     }
 }

@@ -80,30 +80,7 @@ impl<B: Backend, S: TensorSource> Builder<'_, B, S> {
     }
 }
 
-/// Row-major `[rows, cols]` → `[cols, rows]`, in cache-sized blocks, on all cores (loading a
-/// multi-GB checkpoint is mostly this and the dtype conversion).
-pub(crate) fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    use rayon::prelude::*;
-    const BLOCK: usize = 32;
-    let mut out = vec![0.0; values.len()];
-    if rows == 0 || cols == 0 {
-        return out;
-    }
-    out.par_chunks_mut(BLOCK * rows)
-        .enumerate()
-        .for_each(|(block, out_rows)| {
-            let c0 = block * BLOCK;
-            let c1 = (c0 + BLOCK).min(cols);
-            for r0 in (0..rows).step_by(BLOCK) {
-                for r in r0..(r0 + BLOCK).min(rows) {
-                    for c in c0..c1 {
-                        out_rows[(c - c0) * rows + r] = values[r * cols + c];
-                    }
-                }
-            }
-        });
-    out
-}
+pub(crate) use xtoken_kernels::host::transpose;
 
 /// `norm` on `x` (its last dimension) through the backend's fused RMSNorm where it has one,
 /// burn's `RmsNorm` ops where it has not.
@@ -553,16 +530,23 @@ impl<B: Backend> Transformer<B> {
     }
 
     /// The output head: `[batch, len, hidden]` → logits `[batch, len, vocab]`, in the compute
-    /// dtype.
+    /// dtype. A tied head multiplies the rows, flattened to `[batch · len, hidden]`, by the
+    /// embedding's transpose as a 2-D view: a batched product would reshape that view to
+    /// `[1, hidden, vocab]`, which copies the whole embedding on a backend that reshapes only
+    /// contiguous tensors (burn-flex), at every forward.
     pub fn logits_from_hidden(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         let compute = self.compute_dtype();
         match &self.lm_head {
             Some(head) => project(head, hidden, compute),
             None => {
+                let [batch, len, size] = hidden.dims();
                 let embedding = self.embed_tokens.weight.val().cast(compute);
+                let vocab = embedding.dims()[0];
                 hidden
                     .cast(compute)
-                    .matmul(embedding.transpose().unsqueeze())
+                    .reshape([batch * len, size])
+                    .matmul(embedding.transpose())
+                    .reshape([batch, len, vocab])
             }
         }
     }
@@ -591,8 +575,17 @@ impl<B: XTokenBackend> Transformer<B> {
 
     /// [`Self::hidden_states`] of tokens checked where they were made.
     pub fn hidden_states_of(&self, tokens: &Tokens<B>) -> Result<Tensor<B, 3>> {
+        // The ids checked before the lookup reads them.
         let pass = Pass::new(&self.architecture, tokens)?;
-        let mut x = self.embed_tokens.forward(tokens.ids());
+        self.hidden_states_from(&pass, self.embed_tokens.forward(tokens.ids()))
+    }
+
+    /// The hidden states after the final norm from the embeddings `x` of a checked pass.
+    pub(crate) fn hidden_states_from(
+        &self,
+        pass: &Pass,
+        mut x: Tensor<B, 3>,
+    ) -> Result<Tensor<B, 3>> {
         let tiled = self.tiled_attention();
         let context = pass.context::<B>(&self.architecture, tiled, x.dtype(), &x.device());
         let compute = self.compute_dtype();

@@ -11,7 +11,7 @@
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::Tensor;
+use burn::tensor::{Tensor, TensorPrimitive};
 use xtoken_kernels::XTokenBackend;
 
 use crate::error::ModelError;
@@ -49,11 +49,19 @@ where
         F: FnOnce(&Self, Tensor<B, 3>) -> Result<Tensor<B, 1>, E>,
     {
         if !checkpointing {
-            let hidden = self.hidden_states_of(tokens)?;
+            // The ids checked before the lookup reads them; the lookup off the graph: its
+            // gradient is added into the table's below.
+            let pass = Pass::new(&self.architecture, tokens)?;
+            let inner = self.embed_tokens.valid();
+            let embedded =
+                Tensor::<B, 3>::from_inner(inner.forward(tokens.ids().inner())).require_grad();
+            let hidden = self.hidden_states_from(&pass, embedded.clone())?;
             let value = loss(self, hidden)?;
             let mut grads = value.backward();
+            let upstream = embedded.grad_remove(&mut grads);
             let mut model = GradientsParams::new();
             move_grads(self, &mut grads, &mut model);
+            add_lookup_grad(self, tokens, upstream, &mut model);
             return Ok(Backward {
                 loss: value.inner(),
                 model,
@@ -99,18 +107,48 @@ where
             move_grads(layer, &mut layer_grads, &mut model);
         }
 
-        // The embedding, whose gradient adds to a tied head's.
-        if let Some(gradient) = upstream {
-            let embedded = self.embed_tokens.forward(tokens.ids());
-            let mut embed_grads = (embedded * Tensor::from_inner(gradient)).sum().backward();
-            move_grads(&self.embed_tokens, &mut embed_grads, &mut model);
-        }
+        add_lookup_grad(self, tokens, upstream, &mut model);
         Ok(Backward {
             loss: value.inner(),
             model,
             rest: grads,
         })
     }
+}
+
+/// Adds the gradient `upstream` of the embedding lookup's output `[batch, len, hidden]` into
+/// the table's gradient in `model` (a tied head's, or zeros): one
+/// [`XTokenBackend::xt_add_rows`], where burn's lookup backward would build and add a whole
+/// zero table. Nothing when the table is frozen or no gradient reached the lookup.
+fn add_lookup_grad<B: AutodiffBackend>(
+    transformer: &Transformer<B>,
+    tokens: &Tokens<B>,
+    upstream: Option<Tensor<B::InnerBackend, 3>>,
+    model: &mut GradientsParams,
+) where
+    B::InnerBackend: XTokenBackend,
+{
+    let table = &transformer.embed_tokens.weight;
+    let Some(upstream) = upstream.filter(|_| table.is_require_grad()) else {
+        return;
+    };
+    let weight = table.val().inner();
+    let [batch, len] = tokens.dims();
+    let hidden = weight.dims()[1];
+    let current = model
+        .remove::<B::InnerBackend, 2>(table.id)
+        .unwrap_or_else(|| weight.zeros_like());
+    let rows = upstream
+        .reshape([batch * len, hidden])
+        .cast(current.dtype());
+    let ids = tokens.ids().inner().reshape([batch * len]);
+    let summed = B::InnerBackend::xt_add_rows(
+        current.into_primitive().tensor(),
+        ids.into_primitive(),
+        rows.into_primitive().tensor(),
+    );
+    let summed = Tensor::<B::InnerBackend, 2>::from_primitive(TensorPrimitive::Float(summed));
+    model.register(table.id, summed);
 }
 
 /// Moves the gradients of `module`'s parameters from `grads` into `into`, adding to a gradient

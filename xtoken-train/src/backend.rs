@@ -125,6 +125,28 @@ pub fn check_dtype(kind: DeviceKind, choice: Result<DtypeChoice>, key: &str) -> 
     }
 }
 
+/// Refuses 16-bit compute on `device = "cpu"`: burn-flex runs a bf16 or f16 operation by
+/// converting its inputs to f32 and its result back, so a training step takes about 1.8× the
+/// time of an f32 one there (BENCHMARKS.md) and saves only activation memory. `device = "flex"`
+/// keeps 16-bit compute on the CPU for checking its numerics.
+pub fn check_compute_on_cpu(kind: DeviceKind, choice: Result<DtypeChoice>) -> Result<()> {
+    // A value that does not parse is `check_dtype`'s to name.
+    let Ok(choice) = choice else { return Ok(()) };
+    match (kind, choice) {
+        (DeviceKind::Cpu, c @ (DtypeChoice::Bf16 | DtypeChoice::F16)) => {
+            let dtype = format!("{c:?}").to_lowercase();
+            Err(Error::Config(format!(
+                "training.compute_dtype = \"{dtype}\" on device = \"cpu\": the CPU backend \
+                 converts {dtype} values to f32 around each operation, so a step takes about 1.8× \
+                 as long as in f32 and saves only activation memory; use \"f32\" or \"auto\" \
+                 (f32 here), or device = \"flex\" to run {dtype} compute on the CPU to check its \
+                 numerics"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Starts each of `devices` of backend `B` (the backend `kind` names) on this thread, before any
 /// worker or benchmark touches one: a backend this build lacks, a missing driver, or a device
 /// whose initialization panics (no adapter, no such device) becomes an error naming it, never a

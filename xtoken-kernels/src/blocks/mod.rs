@@ -190,6 +190,13 @@ pub(crate) trait HostF32: Backend {
     fn values(t: &FloatTensor<Self>) -> Option<std::borrow::Cow<'_, [f32]>>;
     /// An f32 tensor of `shape` holding `values`.
     fn from_values(values: Vec<f32>, shape: burn::tensor::Shape) -> FloatTensor<Self>;
+    /// The tensor with `update` applied to its values (row-major) in place, the buffer copied
+    /// first only where it is shared or strided; the tensor back, untouched, when it is not
+    /// f32.
+    fn update_values(
+        t: FloatTensor<Self>,
+        update: impl FnOnce(&mut [f32]),
+    ) -> Result<FloatTensor<Self>, FloatTensor<Self>>;
 }
 
 /// The blocks on a [`HostF32`] backend: the host passes where every input is f32, the

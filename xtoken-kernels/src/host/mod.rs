@@ -27,9 +27,11 @@ mod merge;
 mod pkl;
 pub mod rows;
 pub mod teacher;
+mod transpose;
 
 pub use ce::{cross_entropy, cross_entropy_from};
 pub use distill::{distill, distill_from, loss_to_device, HostLoss, OutputDtypes};
 pub use merge::log_sum_exp;
 pub use rows::{Block, LogitRows, SliceRows, TensorRows};
 pub use teacher::{entries_to_device, teacher_entries, teacher_entries_from, HostEntries};
+pub use transpose::transpose;

@@ -7,6 +7,7 @@
 mod adamw;
 mod attention;
 mod blocks;
+mod embedding;
 mod portable;
 mod support;
 

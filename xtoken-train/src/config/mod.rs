@@ -360,7 +360,8 @@ pub struct TrainingConfig {
     /// Recompute each decoder layer in the backward pass instead of storing its activations.
     pub activation_checkpointing: bool,
     /// The dtype the student's matmuls, attention and logits run in: `auto` (bf16 where the
-    /// backend has it, else f32), `bf16`, `f16` or `f32`. Below `student.dtype` it is mixed
+    /// backend has it, else f32; f32 on `cpu`), `bf16`, `f16` or `f32` (16-bit is refused on
+    /// `cpu`, where it is slower than f32; `flex` keeps it). Below `student.dtype` it is mixed
     /// precision: the weights, AdamW's moments, RMSNorm, RoPE, the residual stream and the
     /// losses' sums stay in the parameters' dtype.
     pub compute_dtype: String,

@@ -159,6 +159,10 @@ fn plan(
         config.compute_dtype(),
         "training.compute_dtype",
     ));
+    failures.note(crate::backend::check_compute_on_cpu(
+        kind,
+        config.compute_dtype(),
+    ));
     if let Ok(settings) = config.teacher_settings() {
         for (i, s) in settings.iter().enumerate() {
             let key = format!("teachers[{i}].dtype");

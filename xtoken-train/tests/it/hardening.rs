@@ -374,6 +374,32 @@ fn check_names_every_failure() {
     }
 }
 
+/// 16-bit compute on `device = "cpu"` is refused before anything loads, saying why and what to
+/// use; `device = "flex"` keeps it.
+#[test]
+fn sixteen_bit_compute_on_the_cpu_device_is_refused() {
+    let f = fixture("harden-cpu-bf16");
+    let path = config(&f, "cpu-bf16", "");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = format!("device = \"cpu\"\n{text}")
+        .replace("steps = 6\n", "steps = 6\ncompute_dtype = \"bf16\"\n");
+    std::fs::write(&path, &text).unwrap();
+    let args = ["train", "--config", path.to_str().unwrap(), "--check"];
+    refused(
+        &f.dir.0,
+        &args,
+        "training.compute_dtype = \"bf16\" on device = \"cpu\"",
+    );
+    let err = stderr(&xtoken(&args));
+    assert!(
+        err.contains("about 1.8×") && err.contains("device = \"flex\""),
+        "{err}"
+    );
+    std::fs::write(&path, text.replace("device = \"cpu\"", "device = \"flex\"")).unwrap();
+    let out = xtoken(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
 /// A failed `train` removes what it created (run.toml, the W it built, the directory); a run
 /// extended with `--extend-steps decay` after it finished trains its new steps at a rate above 0.
 #[test]
