@@ -285,8 +285,8 @@ pub trait XTokenBackend: Backend {
     }
 }
 
-/// The blocks' methods of `XTokenBackend` on a `blocks::HostF32` backend (ndarray,
-/// burn-flex): its host passes, the composition where a tensor is not f32.
+/// The blocks' methods of `XTokenBackend`, and `xt_add_rows`, on a `blocks::HostF32` backend
+/// (ndarray, burn-flex): its host passes, the composition where a tensor is not f32.
 macro_rules! host_blocks {
     () => {
         fn xt_blocks_native() -> bool {
@@ -457,12 +457,7 @@ where
         let NdArrayTensor::F32(storage) = t else {
             unreachable!("checked to be f32 above")
         };
-        let array = storage.into_owned();
-        if array.is_standard_layout() {
-            array
-        } else {
-            array.as_standard_layout().into_owned().into_shared()
-        }
+        standard_f32(storage.into_owned())
     };
     let (mut param, grad) = (array(param), array(grad));
     let fresh = moments.is_none();
@@ -606,17 +601,10 @@ fn flex_adamw(
     if !f32s {
         return adamw::composed::<burn_flex::Flex>(param, grad, moments, step);
     }
-    // A buffer of exactly the tensor's elements in order; the original is dropped first, so
-    // that a tensor that owned its buffer still owns it (and `storage_mut` does not copy).
-    let whole = |t: FlexTensor| {
-        let contiguous = t.to_contiguous();
-        drop(t);
-        contiguous
-    };
-    let (mut param, grad) = (whole(param), whole(grad));
+    let (mut param, grad) = (whole_f32(param), whole_f32(grad));
     let fresh = moments.is_none();
     let (mut first, mut second) = match moments {
-        Some(m) => (whole(m.first), whole(m.second)),
+        Some(m) => (whole_f32(m.first), whole_f32(m.second)),
         // The first update writes the moments without reading them. A typed zero buffer:
         // burn-flex's `zeros` fills a byte vector and then copies it into an aligned one, two
         // more passes over each moment.
@@ -686,25 +674,7 @@ where
         let NdArrayTensor::F32(storage) = t else {
             return Err(t);
         };
-        let array = storage.into_owned();
-        let shape = array.shape().to_vec();
-        let transposed = shape.len() == 2 && array.t().is_standard_layout();
-        let mut array = match (array.is_standard_layout(), transposed) {
-            (true, _) => array,
-            (false, true) => {
-                let stored = array
-                    .t()
-                    .to_slice()
-                    .map(|s| host::transpose(s, shape[1], shape[0]));
-                let values = stored.expect("a standard layout's transpose, checked above");
-                let standard = burn::backend::ndarray::SharedArray::<f32>::from_shape_vec(
-                    shape.clone(),
-                    values,
-                );
-                standard.expect("as many values as the shape holds")
-            }
-            (false, false) => array.as_standard_layout().into_owned().into_shared(),
-        };
+        let mut array = standard_f32(storage.into_owned());
         update(
             array
                 .as_slice_mut()
@@ -712,6 +682,48 @@ where
         );
         Ok(NdArrayTensor::from(array))
     }
+}
+
+/// `array` in standard layout and its own, copied only where it is shared or strided; a 2-D
+/// transposed view (autodiff's gradient of a transposed operand) by the host's blocked
+/// transpose, not ndarray's element-by-element copy.
+fn standard_f32(
+    array: burn::backend::ndarray::SharedArray<f32>,
+) -> burn::backend::ndarray::SharedArray<f32> {
+    let shape = array.shape().to_vec();
+    if array.is_standard_layout() {
+        return array;
+    }
+    if shape.len() == 2 {
+        if let Some(stored) = array.t().to_slice() {
+            let values = host::transpose(stored, shape[1], shape[0]);
+            return burn::backend::ndarray::SharedArray::<f32>::from_shape_vec(shape, values)
+                .expect("as many values as the shape holds");
+        }
+    }
+    array.as_standard_layout().into_owned().into_shared()
+}
+
+/// An f32 burn-flex tensor as a buffer of exactly its elements in order, copied only where it
+/// is a view (a 2-D transposed view, autodiff's gradient of a transposed operand, by the host's
+/// blocked transpose, not burn-flex's strided copy). The original is dropped first, so that a
+/// tensor that owned its buffer still owns it (and `storage_mut` does not copy).
+fn whole_f32(t: burn_flex::FlexTensor) -> burn_flex::FlexTensor {
+    let layout = t.layout();
+    let shape = layout.shape().to_vec();
+    let transposed = shape.len() == 2
+        && layout.strides() == [1, shape[0] as isize]
+        && layout.start_offset() == 0
+        && t.storage::<f32>().len() == shape[0] * shape[1];
+    let whole = match transposed {
+        true => {
+            let values = host::transpose(t.storage::<f32>(), shape[1], shape[0]);
+            <burn_flex::Flex as blocks::HostF32>::from_values(values, shape.into())
+        }
+        false => t.to_contiguous(),
+    };
+    drop(t);
+    whole
 }
 
 /// burn-flex's f32 tensors, read in place where contiguous.
@@ -737,24 +749,7 @@ impl blocks::HostF32 for burn_flex::Flex {
         if t.dtype() != burn::tensor::DType::F32 {
             return Err(t);
         }
-        // A 2-D transposed view of a whole buffer (autodiff's gradient of a transposed
-        // operand): the host's blocked transpose, not burn-flex's strided copy.
-        let layout = t.layout();
-        let shape = layout.shape().to_vec();
-        let transposed = shape.len() == 2
-            && layout.strides() == [1, shape[0] as isize]
-            && layout.start_offset() == 0
-            && t.storage::<f32>().len() == shape[0] * shape[1];
-        let mut whole = match transposed {
-            true => {
-                let values = host::transpose(t.storage::<f32>(), shape[1], shape[0]);
-                <Self as blocks::HostF32>::from_values(values, shape.into())
-            }
-            false => t.to_contiguous(),
-        };
-        // The original dropped first, so that a tensor that owned its buffer still owns it
-        // (and `storage_mut` does not copy).
-        drop(t);
+        let mut whole = whole_f32(t);
         update(whole.storage_mut::<f32>());
         Ok(whole)
     }

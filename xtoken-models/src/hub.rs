@@ -7,13 +7,14 @@ use burn::module::Param;
 use burn::nn::{Linear, RmsNorm};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
+use xtoken_kernels::host::transpose;
 
 use crate::checkpoint::{
     write_atomically, write_safetensors, Checkpoint, PendingTensor, SaveDtype, SINGLE_FILE,
 };
 use crate::config::{Architecture, HfConfig};
 use crate::error::{io_error, ModelError, Result};
-use crate::model::{transpose, Builder, Init, TensorSource, Transformer};
+use crate::model::{Builder, Init, TensorSource, Transformer};
 
 /// How to bring a checkpoint onto the device.
 #[derive(Clone, Copy, Debug)]

@@ -18,6 +18,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::{attention, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData, TensorPrimitive};
+use xtoken_kernels::host::transpose;
 use xtoken_kernels::{blocks, XTokenBackend};
 
 use crate::config::Architecture;
@@ -79,8 +80,6 @@ impl<B: Backend, S: TensorSource> Builder<'_, B, S> {
         })
     }
 }
-
-pub(crate) use xtoken_kernels::host::transpose;
 
 /// `norm` on `x` (its last dimension) through the backend's fused RMSNorm where it has one,
 /// burn's `RmsNorm` ops where it has not.

@@ -9,19 +9,9 @@ use burn_flex::Flex;
 use proptest::prelude::*;
 use xtoken_kernels::{blocks, XTokenBackend};
 
-type A = Autodiff<NdArray>;
+use crate::support::values;
 
-fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
+type A = Autodiff<NdArray>;
 
 fn tensor<B: Backend, const D: usize>(v: &[f32], shape: [usize; D]) -> Tensor<B, D> {
     Tensor::from_data(TensorData::new(v.to_vec(), shape), &Default::default())

@@ -9,6 +9,8 @@ use burn_flex::Flex;
 use proptest::prelude::*;
 use xtoken_kernels::{embedding, XTokenBackend};
 
+use crate::support::values;
+
 fn table<B: Backend>(v: &[f32], [rows, cols]: [usize; 2], transposed: bool) -> Tensor<B, 2> {
     let device = Default::default();
     match transposed {
@@ -79,18 +81,6 @@ fn reference(table: &[f32], cols: usize, ids: &[i64], rows: &[f32]) -> Vec<f64> 
     out
 }
 
-fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -102,10 +92,10 @@ proptest! {
         seed in any::<u64>(),
         transposed in any::<bool>(),
     ) {
-        let t = values(seed, vocab * cols);
-        let rows = values(seed ^ 1, n * cols);
+        let t = values(seed, vocab * cols, 1.0);
+        let rows = values(seed ^ 1, n * cols, 1.0);
         // Few distinct ids, so that most repeat.
-        let ids: Vec<i64> = values(seed ^ 2, n)
+        let ids: Vec<i64> = values(seed ^ 2, n, 1.0)
             .iter()
             .map(|v| ((v.abs() * vocab as f32) as i64).min(vocab as i64 - 1) / 2)
             .collect();
@@ -128,8 +118,8 @@ proptest! {
 /// A table that owns its buffer is updated in it: no second table is allocated.
 #[test]
 fn a_table_it_owns_is_updated_in_its_buffer() {
-    let t = values(7, 50 * 8);
-    let (table, ids, rows) = inputs::<Flex>(&t, [50, 8], false, &[3, 3, 49], &values(8, 24));
+    let t = values(7, 50 * 8, 1.0);
+    let (table, ids, rows) = inputs::<Flex>(&t, [50, 8], false, &[3, 3, 49], &values(8, 24, 1.0));
     let primitive = table.into_primitive().tensor();
     let before = primitive.storage::<f32>().as_ptr();
     let out = Flex::xt_add_rows(
@@ -143,8 +133,8 @@ fn a_table_it_owns_is_updated_in_its_buffer() {
 /// A bf16 table takes the composition.
 #[test]
 fn a_bf16_table_takes_the_composition() {
-    let t = values(9, 12 * 4);
-    let rows = values(10, 3 * 4);
+    let t = values(9, 12 * 4, 1.0);
+    let rows = values(10, 3 * 4, 1.0);
     let cast = |(t, ids, r): (Tensor<Flex, 2>, Tensor<Flex, 1, Int>, Tensor<Flex, 2>)| {
         (t.cast(DType::BF16), ids, r.cast(DType::BF16))
     };

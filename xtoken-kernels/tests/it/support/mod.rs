@@ -14,6 +14,19 @@ use xtoken_kernels::{
     MergePlan, ProjectionTensors, TeacherEntries, XTokenBackend,
 };
 
+/// `n` reproducible values in `[-scale, scale)` from `seed` (xorshift).
+pub fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
 pub const STUDENT_VOCAB: usize = 9;
 pub const TEACHER_VOCAB: usize = 11;
 
