@@ -20,6 +20,10 @@ pub enum Error {
     /// largest part and the setting to lower.
     #[error("{0}")]
     Memory(String),
+    /// Stored teacher targets (`xtoken teach`) that cannot be used; the message names the
+    /// directory, shard or document at fault.
+    #[error("{0}")]
+    Targets(String),
     /// Data-parallel workers that could not exchange their gradients or diverged.
     #[error("{0}")]
     Parallel(String),

@@ -18,6 +18,7 @@ mod tokenizer_json;
 /// The options that name something a command reads: `command path/--option id`.
 const INPUTS: &[&str] = &[
     "train/config",
+    "teach/config",
     "projection build/student",
     "projection build/teacher",
     "projection show/projection",
@@ -152,6 +153,13 @@ fn outputs(s: &Sandbox) -> Vec<(&'static str, Vec<String>)> {
             ),
         ),
         ("demo/out", with(vec![], &["demo", "--out", "OUT"])),
+        (
+            "teach/out",
+            with(
+                vec![],
+                &["teach", "--config", &s.at("run.toml"), "--out", "OUT"],
+            ),
+        ),
         (
             "bench projection/out",
             with(pair(&["bench", "projection"]), &["--out", "OUT"]),

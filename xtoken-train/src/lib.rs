@@ -15,7 +15,8 @@
 //! - [`cluster`]: workers and processes: the gradient exchange ([`cluster::parallel`]), where a
 //!   process sits (torchrun's or srun's variables) and the session that joins and watches them;
 //! - [`harness`]: the paper's benchmarks (MMLU, GSM8k, MATH, WinoGrande, HellaSwag) scored as
-//!   lm-evaluation-harness scores them;
+//!   lm-evaluation-harness scores them; [`targets`]: stored teacher targets (`xtoken teach`),
+//!   which a run reads instead of running a teacher;
 //! - [`observe`]: what a run shows of itself: `metrics.csv`, TensorBoard, the plots, a step's
 //!   profile;
 //! - [`train`](mod@train): a run, from its inputs through one optimizer step to checkpoints and the
@@ -67,6 +68,7 @@ pub mod machine;
 pub mod observe;
 pub mod output;
 pub mod paths;
+pub mod targets;
 pub mod train;
 
 pub use backend::TrainBackend;

@@ -81,6 +81,7 @@ pub mod uld;
 use std::sync::Arc;
 
 use burn::tensor::{Tensor, TensorPrimitive};
+use xtoken_kernels::host::{entries_to_device, HostEntries};
 pub use xtoken_kernels::{ConfidenceStats, LossKind, XTokenBackend};
 use xtoken_kernels::{
     DistillSpec, EntriesSpec, GradRequest, KernelError, MergePlan, TeacherEntries,
@@ -291,6 +292,43 @@ impl<B: XTokenBackend> TeacherTargets<B> {
             .map_err(|e| kernel_error(e, plan.student_len, plan.teacher_len))?;
         Ok(Self {
             entries,
+            student: merge_plan(
+                &plan.student,
+                &plan.chunk_mask,
+                plan.batch * plan.student_len,
+            ),
+            batch: plan.batch,
+            student_len: plan.student_len,
+            teacher_len: plan.teacher_len,
+            tau: params.tau,
+        })
+    }
+
+    /// Targets from entries computed elsewhere (a stored teacher pass): `entries` holds, per
+    /// chunk slot of `plan`, the top-K ids and merged log-probabilities that
+    /// [`TeacherTargets::new`] would keep, for a teacher of `vocab` tokens at `params.tau`.
+    pub fn from_host(
+        entries: &HostEntries,
+        vocab: usize,
+        plan: &BatchPlan,
+        params: &LossParams,
+        device: &B::Device,
+    ) -> Result<Self> {
+        params.validate()?;
+        let expected = plan.batch * plan.chunks * entries.k;
+        if entries.ids.len() != expected || entries.logp.len() != expected {
+            return Err(Error::Shape {
+                what: "stored teacher entries",
+                expected: format!(
+                    "{expected} entries ({} slots × {})",
+                    plan.batch * plan.chunks,
+                    entries.k
+                ),
+                found: format!("{} ids, {} values", entries.ids.len(), entries.logp.len()),
+            });
+        }
+        Ok(Self {
+            entries: entries_to_device::<B>(entries.clone(), vocab, device),
             student: merge_plan(
                 &plan.student,
                 &plan.chunk_mask,

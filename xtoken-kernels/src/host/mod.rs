@@ -33,5 +33,8 @@ pub use ce::{cross_entropy, cross_entropy_from};
 pub use distill::{distill, distill_from, loss_to_device, HostLoss, OutputDtypes};
 pub use merge::log_sum_exp;
 pub use rows::{Block, LogitRows, SliceRows, TensorRows};
-pub use teacher::{entries_to_device, teacher_entries, teacher_entries_from, HostEntries};
+pub use teacher::{
+    entries_to_device, position_targets, position_targets_from, teacher_entries,
+    teacher_entries_from, HostEntries, PositionTargets,
+};
 pub use transpose::transpose;

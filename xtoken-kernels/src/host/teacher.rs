@@ -13,6 +13,7 @@ use crate::spec::{ConfidenceStats, EntriesSpec};
 use crate::TeacherEntries;
 
 /// The teacher's entries on the host: ids and merged log-probabilities `[slots, k]`.
+#[derive(Debug, Clone)]
 pub struct HostEntries {
     /// Token ids, best first.
     pub ids: Vec<i64>,
@@ -139,26 +140,13 @@ fn confidence<S: LogitRows>(
             &mut items,
             &mut buffers,
             || vec![0.0f32; v],
-            |p, &mut (i, row)| {
-                let z = block.row(i, row, v);
-                let lse = softmax_into(z, 1.0, p);
-                let mut max = 0.0f32;
-                let mut plogp = 0.0f64;
-                for (&x, &pj) in z.iter().zip(p.iter()) {
-                    max = max.max(pj);
-                    if pj > 0.0 {
-                        plogp += pj as f64 * (x - lse) as f64;
-                    }
-                }
-                let y = chunk[i].1 as usize;
-                (lse, (z[y] - lse) as f64, plogp, max as f64)
-            },
+            |p, &mut (i, row)| position_confidence(block.row(i, row, v), chunk[i].1 as i32, p),
         );
         for (i, (lse, lpy, plogp, maxp)) in stats.into_iter().enumerate() {
             finite(lse, "teacher", chunk[i].0)?;
-            sums.0 += lpy;
+            sums.0 += lpy as f64;
             sums.1 += plogp;
-            sums.2 += maxp;
+            sums.2 += maxp as f64;
         }
     }
     let count = rows.len().max(1) as f64;
@@ -168,4 +156,112 @@ fn confidence<S: LogitRows>(
         max_prob: sums.2 / count,
         positions: rows.len(),
     })
+}
+
+/// What a stored teacher pass keeps of each position of `[rows, V]` logits: its top-K tokens
+/// and their tempered log-probabilities `z·τ⁻¹ − lse` (the chunk merge's terms before the
+/// continuation shift), the tempered log-probability of the observed next token (the merge's
+/// continuation term), and the untempered confidence terms of adaptive weighting. Every value
+/// is computed by the very operations [`teacher_entries_from`] uses, so entries merged from
+/// these equal the online ones bit for bit.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PositionTargets {
+    /// Entries per position.
+    pub k: usize,
+    /// Token ids `[rows, k]`, best first (ties: the smaller id).
+    pub ids: Vec<u32>,
+    /// Tempered log-probabilities `[rows, k]`.
+    pub logp: Vec<f32>,
+    /// Per row, the tempered log-probability of its next token (0 where it has none).
+    pub observed: Vec<f32>,
+    /// Per row, `log p[y]` at τ = 1 (0 where it has no next token).
+    pub neg_ce: Vec<f32>,
+    /// Per row, `Σ p log p` at τ = 1.
+    pub neg_entropy: Vec<f64>,
+    /// Per row, `max p` at τ = 1.
+    pub max_prob: Vec<f32>,
+}
+
+/// [`PositionTargets`] of every row of `src`; `next[r]` is row `r`'s observed next token
+/// (`-1`: none).
+pub fn position_targets_from<S: LogitRows>(
+    src: &S,
+    next: &[i32],
+    top_k: usize,
+    tau: f32,
+    row_chunk: usize,
+) -> Result<PositionTargets, KernelError> {
+    let (n, vt) = (src.rows(), src.vocab());
+    check_tau(tau)?;
+    checked_targets(next, n, vt, "teacher next tokens")?;
+    let tau_inv = 1.0 / tau;
+    let k = top_k.min(vt).max(1);
+    let mut out = PositionTargets {
+        k,
+        ids: Vec::with_capacity(n * k),
+        logp: Vec::with_capacity(n * k),
+        ..Default::default()
+    };
+    let all: Vec<u32> = (0..n as u32).collect();
+    let mut scratches = Vec::new();
+    for rows in all.chunks(row_chunk.max(1)) {
+        let block = src.read(rows, "teacher")?;
+        let mut items: Vec<(usize, u32)> = rows.iter().copied().enumerate().collect();
+        let parts = par_items(
+            &mut items,
+            &mut scratches,
+            || (Vec::<u32>::with_capacity(vt), vec![0.0f32; vt]),
+            |(order, p), &mut (i, row)| {
+                let z = block.row(i, row, vt);
+                let (lse, best) = top_k_of(z, tau_inv, k, order);
+                let y = next[row as usize];
+                let observed = if y >= 0 {
+                    z[y as usize] * tau_inv - lse
+                } else {
+                    0.0
+                };
+                let (_, neg_ce, plogp, maxp) = position_confidence(z, y, p);
+                (lse, best, observed, neg_ce, plogp, maxp)
+            },
+        );
+        for (i, (lse, best, observed, neg_ce, plogp, maxp)) in parts.into_iter().enumerate() {
+            finite(lse, "teacher", rows[i])?;
+            let z = block.row(i, rows[i], vt);
+            out.logp
+                .extend(best.iter().map(|&t| z[t as usize] * tau_inv - lse));
+            out.ids.extend(best);
+            out.observed.push(observed);
+            out.neg_ce.push(neg_ce);
+            out.neg_entropy.push(plogp);
+            out.max_prob.push(maxp);
+        }
+    }
+    Ok(out)
+}
+
+/// [`PositionTargets`] of `[1, T, V]` logits on any backend.
+pub fn position_targets<B: Backend>(
+    logits: FloatTensor<B>,
+    next: &[i32],
+    top_k: usize,
+    tau: f32,
+    row_chunk: usize,
+) -> Result<PositionTargets, KernelError> {
+    position_targets_from(&TensorRows::<B>::new(logits), next, top_k, tau, row_chunk)
+}
+
+/// One row's log-sum-exp, `log p[y]` (0 without `y`), `Σ p log p` and `max p` at τ = 1, as
+/// [`confidence`] sums them.
+fn position_confidence(z: &[f32], y: i32, p: &mut [f32]) -> (f32, f32, f64, f32) {
+    let lse = softmax_into(z, 1.0, p);
+    let mut max = 0.0f32;
+    let mut plogp = 0.0f64;
+    for (&x, &pj) in z.iter().zip(p.iter()) {
+        max = max.max(pj);
+        if pj > 0.0 {
+            plogp += pj as f64 * (x - lse) as f64;
+        }
+    }
+    let neg_ce = if y >= 0 { z[y as usize] - lse } else { 0.0 };
+    (lse, neg_ce, plogp, max)
 }

@@ -87,6 +87,7 @@ pub fn run(args: DataBenchArgs) -> Result<()> {
         cache: None,
         workers: 0,
         prefetch: 2,
+        packing: "concatenate".into(),
     };
     let started = Instant::now();
     let pipeline = Arc::new(Pipeline::load(
@@ -195,7 +196,14 @@ fn measure(
         length_multiple: 1,
     };
     let plan = StepPlan::default();
-    let mut loader = Loader::start(packer, shape, MergeVariant::FirstToken, data.prefetch, plan)?;
+    let mut loader = Loader::start(
+        packer,
+        shape,
+        MergeVariant::FirstToken,
+        data.prefetch,
+        plan,
+        None,
+    )?;
     let first = loader.next_step()?;
     let first_batch = started.elapsed().as_secs_f64();
     let draws = |s: &LoaderState| s.stream.as_ref().map_or(0, |c| c.draws);

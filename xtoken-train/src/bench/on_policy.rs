@@ -242,6 +242,7 @@ fn config_text(
         data,
         seed,
         device: "cpu",
+        stored: None,
     };
     format!(
         "{}\n[on_policy]\nfraction = {fraction}\nprompt_field = \"prompt\"\nmax_new_tokens = {}\n",

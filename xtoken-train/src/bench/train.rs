@@ -129,6 +129,11 @@ pub struct TrainBenchArgs {
     /// With `--on-policy`: tokens the student writes per sequence at most.
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
+    /// Also store the teacher's targets (`xtoken teach`, at the run's top-K, in each of these
+    /// dtypes: `f32`, `bf16`, `q8`) and time the same run reading them instead of running the
+    /// teacher; the table adds the store's bytes per token and the pass's tokens/s.
+    #[arg(long, value_delimiter = ',')]
+    stored: Vec<String>,
 }
 
 /// A varied synthetic corpus: prose with numerals, dates, amounts and code-like lines.
@@ -377,6 +382,9 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
         rows.push((variant, timed));
     }
     print_table(&args, &rows);
+    if !args.stored.is_empty() {
+        stored_runs(&args, &work, &rows)?;
+    }
     if let Some(fraction) = args.on_policy {
         print_writing(fraction, &rows);
     }
@@ -527,6 +535,85 @@ fn print_table(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) {
             }
         }
     }
+}
+
+/// `--stored`: per dtype, the teacher's targets stored over the corpus and the first variant
+/// run again reading them; a table of the store and of the step against the online teacher's.
+fn stored_runs(args: &TrainBenchArgs, work: &Path, rows: &[(Variant, Timed)]) -> Result<()> {
+    let Some((variant, online)) = rows.first() else {
+        return Ok(());
+    };
+    println!(
+        "\nStored teacher targets (`xtoken teach`, top-{}), against the online teacher ({} scope, {} compute):\n",
+        args.top_k, variant.scope, variant.compute
+    );
+    println!("| dtype | bytes/token (stored) | bytes/token (layout) | teach tokens/s | teacher forward share of `teach` | loader student tokens/s (online: {:.0}) | × one H100's need ({NEED:.0}) | s/step stored | s/step online | stored / online |", loader_rate(&RunConfig::parse(&config_text(args, work, &work.join("run-loader"), variant))?, None)?);
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for dtype in &args.stored {
+        let store = work.join(format!("store-{dtype}"));
+        std::fs::remove_dir_all(&store).ok();
+        let run_dir = work.join(format!("run-stored-{dtype}"));
+        std::fs::remove_dir_all(&run_dir).ok();
+        let online_text = config_text(args, work, &run_dir, variant);
+        let teach_text = format!(
+            "{online_text}\n[teach]\ntop_k = {}\ndtype = {dtype:?}\n",
+            args.top_k
+        );
+        let taught =
+            xtoken_train::train::teach::teach_on_device(&RunConfig::parse(&teach_text)?, &store)?;
+        let taught = taught.first().context("the teacher was not stored")?;
+        let opened = xtoken_train::targets::store::Store::open(&taught.dir)?;
+        let (bytes, top_k) = (opened.bytes(), opened.manifest.top_k);
+        let model_line = format!("model = {:?}", work.join("teacher").display().to_string());
+        let stored_line = format!("targets = {:?}", taught.dir.display().to_string());
+        let stored_text = online_text.replacen(&model_line, &stored_line, 1);
+        let config = RunConfig::parse(&stored_text)?;
+        let kind = config.device.parse()?;
+        let timed = on_backend(
+            kind,
+            &[],
+            Steps {
+                config,
+                profile: false,
+            },
+        )?;
+        let (stored_s, online_s) = (mean_of(&timed.seconds), mean_of(&online.seconds));
+        let loader = loader_rate(&RunConfig::parse(&stored_text)?, Some(opened))?;
+        let value_dtype = xtoken_train::config::ValueDtype::parse("--stored", dtype)?;
+        println!(
+            "| {dtype} | {:.0} | {} | {:.0} | {:.0} % | {loader:.0} | {:.1} | {stored_s:.3} | {online_s:.3} | {:.2}× |",
+            bytes as f64 / taught.tokens.max(1) as f64,
+            xtoken_train::targets::Manifest::bytes_per_token(top_k, value_dtype),
+            taught.tokens as f64 / taught.seconds.max(1e-9),
+            100.0 * taught.forward_seconds / taught.seconds.max(1e-9),
+            loader / NEED,
+            stored_s / online_s.max(1e-12)
+        );
+    }
+    Ok(())
+}
+
+/// Student tokens/s one H100 trains at in the PyTorch eager step this project measures against
+/// (1B student, 4B teacher, 4096 tokens).
+const NEED: f64 = 11_600.0;
+
+/// The student tokens/s a run's loader delivers on its own for 5 s (the first step left out),
+/// with `store` merged for its teacher.
+fn loader_rate(
+    config: &RunConfig,
+    store: Option<xtoken_train::targets::store::Store>,
+) -> Result<f64> {
+    let inputs = xtoken_train::train::inputs::RunInputs::load(config, false)?;
+    let vocab = inputs.teacher_configs[0].architecture.vocab_size;
+    let stores = vec![store.map(|s| (std::sync::Arc::new(s), vocab))];
+    let mut loader = xtoken_train::train::run::open_loader(config, &inputs, stores)?;
+    loader.next_step()?;
+    let (started, mut tokens) = (Instant::now(), 0usize);
+    while started.elapsed().as_secs_f64() < 5.0 {
+        let step = loader.next_step()?;
+        tokens += step.micro.iter().map(|m| m.tokens).sum::<usize>();
+    }
+    Ok(tokens as f64 / started.elapsed().as_secs_f64())
 }
 
 /// The student's writing against the step, per timed run (`--on-policy`).

@@ -362,6 +362,7 @@ fn show(
             .map(|c| (c.ids.to_vec(), c.alignment()))
             .collect(),
         respelled: Vec::new(),
+        spans: Vec::new(),
     };
     if json {
         writeln!(std::io::stdout(), "{}", aligned.to_json())?;

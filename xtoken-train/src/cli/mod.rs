@@ -6,6 +6,7 @@ pub mod demo;
 pub mod eval;
 pub mod models;
 pub mod projection;
+pub mod teach;
 pub mod train;
 
 use std::path::PathBuf;
@@ -47,6 +48,9 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Distill a student from one or more teachers: `xtoken train --config run.toml`.
     Train(train::TrainArgs),
+    /// Run each teacher of a configuration over its data once and store its top-K targets, for
+    /// runs of students of any tokenizer that read them (`teachers[].targets`) instead.
+    Teach(teach::TeachArgs),
     /// Build or inspect the projection matrix W between a student and a teacher tokenizer.
     #[command(subcommand)]
     Projection(projection::ProjectionCommand),

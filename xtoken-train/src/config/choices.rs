@@ -4,6 +4,8 @@
 
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, Result};
 
 /// A dtype key's value.
@@ -138,5 +140,41 @@ impl FromStr for TaskName {
                 )))
             }
         })
+    }
+}
+
+/// How stored log-probabilities are encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ValueDtype {
+    /// 4 bytes per entry, exact: a run trains exactly as with the online teacher.
+    F32,
+    /// 2 bytes per entry: bf16, rounded to nearest (relative error ≤ 2⁻⁹).
+    Bf16,
+    /// 1 byte per entry and 8 per position: `q = round((m − x) / s)` with `m` the position's
+    /// largest kept value and `s = (m − min) / 255` (absolute error ≤ s / 2).
+    Q8,
+}
+
+impl ValueDtype {
+    /// The dtype a `teach.dtype` value names.
+    pub fn parse(key: &str, value: &str) -> Result<Self> {
+        match value {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            "q8" | "8bit" | "int8" => Ok(Self::Q8),
+            _ => Err(Error::Config(format!(
+                "{key} = {value:?}: expected \"f32\", \"bf16\" or \"q8\" (8-bit relative to each \
+                 position's largest value)"
+            ))),
+        }
+    }
+    /// Its name in `teach.dtype` and in the manifest.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::Q8 => "q8",
+        }
     }
 }

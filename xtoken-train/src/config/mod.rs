@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 
 pub mod choices;
 
-pub use choices::{DeviceKind, DtypeChoice, ScalingScope, TaskName};
+pub use choices::{DeviceKind, DtypeChoice, ScalingScope, TaskName, ValueDtype};
 
 use crate::error::{Context, Error, Failures, Result};
 use serde::{Deserialize, Serialize};
@@ -80,6 +80,37 @@ pub struct RunConfig {
     /// section).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_policy: Option<OnPolicyConfig>,
+    /// `[teach]`: what `xtoken teach` stores of each teacher.
+    #[serde(default)]
+    pub teach: TeachConfig,
+}
+
+/// What `xtoken teach` keeps of each teacher's pass over the data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TeachConfig {
+    /// Entries kept per position (a run may keep fewer, never more).
+    pub top_k: usize,
+    /// How the values are stored: `f32` (exact), `bf16`, or `q8` (8 bits relative to each
+    /// position's largest value).
+    pub dtype: String,
+    /// Teacher tokens read at once; a longer document is read in windows of this many, each
+    /// on its own.
+    pub window: usize,
+    /// Documents per shard file (the unit that a killed pass keeps and several processes
+    /// share out).
+    pub shard_documents: usize,
+}
+
+impl Default for TeachConfig {
+    fn default() -> Self {
+        TeachConfig {
+            top_k: 8192,
+            dtype: "f32".into(),
+            window: 4096,
+            shard_documents: 1024,
+        }
+    }
 }
 
 /// On-policy distillation (GKD's λ across tokenizers): each sequence of a batch is, with
@@ -234,9 +265,14 @@ pub struct StudentConfig {
 pub struct TeacherConfig {
     /// Short name for logs and metric columns; default: the model directory's name.
     pub name: Option<String>,
-    /// A Hugging Face model directory.
-    pub model: PathBuf,
-    /// Its tokenizer; default: the model directory.
+    /// A Hugging Face model directory: the teacher runs at every step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<PathBuf>,
+    /// Or a teacher's stored targets (a directory `xtoken teach` wrote): no weights are
+    /// loaded, the stored values are merged instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<PathBuf>,
+    /// Its tokenizer; default: the model (or targets) directory.
     pub tokenizer: Option<PathBuf>,
     /// `kl`, `pkl`, `hkl`, `gold`, `uld`, or `auto` (the coverage audit's recommendation).
     #[serde(default = "defaults::loss_mode")]
@@ -250,6 +286,16 @@ pub struct TeacherConfig {
     /// Parameter dtype: `auto` (bf16 where the backend has it, else f32), `f32`, `bf16`, `f16`.
     #[serde(default = "defaults::teacher_dtype")]
     pub dtype: String,
+}
+
+impl TeacherConfig {
+    /// The model directory, or the stored targets' directory.
+    pub fn dir(&self) -> &Path {
+        self.model
+            .as_deref()
+            .or(self.targets.as_deref())
+            .unwrap_or(Path::new(""))
+    }
 }
 
 /// The training text.
@@ -275,6 +321,10 @@ pub struct DataConfig {
     /// Batches assembled ahead of the training loop by the background loader.
     #[serde(default = "defaults::prefetch")]
     pub prefetch: usize,
+    /// `concatenate` (documents follow each other in a row, Hugging Face's packing) or
+    /// `document` (each row holds one document, a longer one cut into several rows).
+    #[serde(default = "defaults::packing")]
+    pub packing: String,
 }
 
 /// `data.path`: one path (a file, a directory or a glob) or a list of them.
@@ -456,6 +506,9 @@ mod defaults {
     pub fn prefetch() -> usize {
         4
     }
+    pub fn packing() -> String {
+        "concatenate".into()
+    }
     pub fn eval_every() -> u64 {
         1000
     }
@@ -550,8 +603,11 @@ fn parse_loss(key: &str, value: &str) -> Result<Option<LossKind>> {
 pub struct TeacherSettings {
     /// Its name in logs, metric columns and checkpoint files.
     pub name: String,
-    /// The Hugging Face model directory.
+    /// The Hugging Face model directory, or for stored targets their directory (which holds
+    /// the teacher's config.json and tokenizer.json).
     pub model: PathBuf,
+    /// Stored targets to read instead of running the model.
+    pub targets: Option<PathBuf>,
     /// Its tokenizer (directory or tokenizer.json).
     pub tokenizer: PathBuf,
     /// The loss; `None` lets the coverage audit choose between P-KL and H-KL.
@@ -710,6 +766,19 @@ impl RunConfig {
             f.note(validate_eval(eval));
         }
         f.note(at_least_one("data.prefetch", self.data.prefetch as u64));
+        f.note(self.document_rows());
+        f.note(self.teach_dtype());
+        f.note(at_least_one("teach.top_k", self.teach.top_k as u64));
+        f.note(at_least_one(
+            "teach.shard_documents",
+            self.teach.shard_documents as u64,
+        ));
+        if self.teach.window < 2 {
+            f.note::<()>(Err(Error::Config(format!(
+                "teach.window = {}: must be at least 2",
+                self.teach.window
+            ))));
+        }
         f.note(self.training.validate());
         if let Some(on_policy) = &self.on_policy {
             f.note(on_policy.validate(self.training.context_length));
@@ -746,6 +815,21 @@ impl RunConfig {
         if self.teachers.is_empty() {
             return Err(Error::Config(
                 "teachers: at least one [[teachers]] table is needed".into(),
+            ));
+        }
+        for (i, t) in self.teachers.iter().enumerate() {
+            if t.model.is_some() == t.targets.is_some() {
+                return Err(Error::Config(format!(
+                    "teachers[{i}]: give `model` (a Hugging Face directory: the teacher runs at                      every step) or `targets` (a directory `xtoken teach` wrote){}",
+                    if t.model.is_some() { ", not both" } else { "" }
+                )));
+            }
+        }
+        let stored = self.teachers.iter().any(|t| t.targets.is_some());
+        if stored && self.on_policy_active().is_some() {
+            return Err(Error::Config(
+                "on_policy: stored teacher targets (teachers[].targets) cannot grade what the                  student writes during the run; use `model` for on-policy teachers"
+                    .into(),
             ));
         }
         let mut names = std::collections::HashSet::new();
@@ -804,7 +888,7 @@ impl RunConfig {
         let teacher = &self.teachers[i];
         teacher.name.clone().unwrap_or_else(|| {
             teacher
-                .model
+                .dir()
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| format!("teacher{i}"))
@@ -825,8 +909,9 @@ impl RunConfig {
                             .join(format!("{name}.W.safetensors"))
                     }),
                     name,
-                    model: t.model.clone(),
-                    tokenizer: t.tokenizer.clone().unwrap_or_else(|| t.model.clone()),
+                    model: t.dir().to_path_buf(),
+                    targets: t.targets.clone(),
+                    tokenizer: t.tokenizer.clone().unwrap_or_else(|| t.dir().to_path_buf()),
                     loss: parse_loss(&format!("teachers[{i}].loss"), &t.loss)?,
                     alpha: t.alpha,
                     dtype: self.on_device(DtypeChoice::parse(
@@ -837,6 +922,22 @@ impl RunConfig {
                 })
             })
             .collect()
+    }
+
+    /// Whether each packed row holds one document (`data.packing = "document"`).
+    pub fn document_rows(&self) -> Result<bool> {
+        match self.data.packing.as_str() {
+            "concatenate" => Ok(false),
+            "document" => Ok(true),
+            other => Err(Error::Config(format!(
+                "data.packing = {other:?}: expected \"concatenate\" or \"document\""
+            ))),
+        }
+    }
+
+    /// How `xtoken teach` stores values (`teach.dtype`).
+    pub fn teach_dtype(&self) -> Result<ValueDtype> {
+        ValueDtype::parse("teach.dtype", &self.teach.dtype)
     }
 
     /// The student's tokenizer path.

@@ -2,9 +2,11 @@
 //! teacher for the losses.
 
 use xtoken_core::plan::{BatchPlan, ChunkPlan, MergeVariant, PlanItem};
+use xtoken_kernels::host::HostEntries;
 
 use super::packer::LoaderState;
 use super::pipeline::AlignedText;
+use super::pipeline::TeacherSpan;
 use super::prompts::PromptBatch;
 use crate::error::Result;
 
@@ -40,6 +42,11 @@ pub struct TeacherBatch {
     pub padding: Option<Vec<bool>>,
     /// The chunk plan of this teacher against the student, for the losses.
     pub plan: BatchPlan,
+    /// Per row, its documents' stretches (packed rows; empty otherwise).
+    pub spans: Vec<Vec<TeacherSpan>>,
+    /// A stored teacher's entries for `plan`, merged by the loader (`None` for a teacher that
+    /// runs).
+    pub stored: Option<HostEntries>,
 }
 
 /// The micro-batches of one optimizer step on this worker, and the loader state after it.
@@ -106,6 +113,11 @@ pub fn micro_batch(
             len,
             padding,
             plan,
+            spans: rows
+                .iter()
+                .map(|r| r.spans.get(m).cloned().unwrap_or_default())
+                .collect(),
+            stored: None,
         });
     }
     Ok(MicroBatch {

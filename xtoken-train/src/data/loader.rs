@@ -4,7 +4,7 @@
 use xtoken_core::plan::MergeVariant;
 
 use super::background::Background;
-use super::batch::{micro_batch, StepBatch};
+use super::batch::{micro_batch, MicroBatch, StepBatch};
 use super::packer::Packer;
 use super::prompts::{OnPolicyDraw, Prompt, PromptBatch};
 use crate::error::Result;
@@ -29,6 +29,10 @@ pub struct Loader {
     steps: Background<StepBatch>,
 }
 
+/// Work the loader's thread does on each micro-batch once laid out (stored teacher targets
+/// merged into it).
+pub type Finish = Box<dyn Fn(&mut MicroBatch) -> Result<()> + Send>;
+
 /// Which steps a loader makes, and how it draws their on-policy sequences.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StepPlan {
@@ -48,6 +52,7 @@ impl Loader {
         variant: MergeVariant,
         prefetch: usize,
         plan: StepPlan,
+        finish: Option<Finish>,
     ) -> Result<Self> {
         let mut step = plan.done;
         let next = move || -> Result<StepBatch> {
@@ -75,10 +80,13 @@ impl Loader {
                     }
                 }
             }
-            let micro = mine
+            let mut micro = mine
                 .chunks(shape.micro)
                 .map(|rows| micro_batch(rows, variant, shape.length_multiple))
                 .collect::<Result<Vec<_>>>()?;
+            if let Some(finish) = &finish {
+                micro.iter_mut().try_for_each(finish)?;
+            }
             let prompts = prompts
                 .chunks(shape.micro)
                 .map(|p| PromptBatch {

@@ -55,8 +55,8 @@ pub use batch::{micro_batch, MicroBatch, StepBatch, TeacherBatch};
 pub use loader::{BatchShape, Loader, StepPlan};
 pub use packer::{Feed, LoaderState, Packer};
 pub use pipeline::{
-    align_file, load_tokenizers, open_or_build_cache, AlignedText, FileJob, FileStats, Pipeline,
-    Tally,
+    align_file, doc_key, encode_text, load_tokenizers, open_or_build_cache, AlignedText, FileJob,
+    FileStats, Pipeline, Tally, TeacherSpan,
 };
 pub use prompts::{OnPolicyDraw, Prompt, PromptBatch, PromptSource};
 pub use reader::{DocumentReader, Fields, RawDoc, TextExtractor};

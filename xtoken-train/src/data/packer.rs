@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use xtoken_core::align::{Chunk, ChunkKind, Positions};
 use xtoken_core::cache::AlignCache;
 
-use super::pipeline::AlignedText;
+use super::pipeline::{doc_key, AlignedText, TeacherSpan};
 use super::prompts::PromptSource;
 use super::rng::SplitMix64;
 use super::stream::{AlignedStream, StreamCursor, StreamedDoc};
@@ -38,6 +38,8 @@ struct DocView {
     cuts: Vec<(u32, Vec<u32>)>,
     /// The student ids of the record's prompt (streamed data with `on_policy.prompt_field`).
     prompt: Option<Vec<u32>>,
+    /// Per teacher, [`doc_key`] of its ids.
+    keys: Vec<u64>,
 }
 
 impl DocView {
@@ -105,6 +107,7 @@ impl DocView {
             }
         }
         DocView {
+            keys: teachers.iter().map(|(ids, _)| doc_key(ids)).collect(),
             student_ids,
             teachers,
             cuts,
@@ -144,6 +147,14 @@ impl DocView {
             let (out_ids, out) = &mut row.teachers[m];
             let teacher_offset = out_ids.len() as u32;
             out_ids.extend_from_slice(&ids[ta as usize..tb as usize]);
+            if tb > ta {
+                row.spans[m].push(TeacherSpan {
+                    at: teacher_offset,
+                    len: tb - ta,
+                    key: self.keys[m],
+                    from: ta,
+                });
+            }
             for c in chunks {
                 let inside = c.student.start >= a
                     && c.student.start + c.student.len <= b
@@ -205,6 +216,8 @@ pub struct Packer {
     /// Epoch `state.epoch`'s order of the cache's documents.
     order: Vec<u32>,
     current: Option<DocView>,
+    /// Each row ends with its document (`data.packing = "document"`).
+    one_document: bool,
 }
 
 impl Packer {
@@ -235,7 +248,15 @@ impl Packer {
             state,
             order,
             current: None,
+            one_document: false,
         })
+    }
+
+    /// Ends every row with its document (`data.packing = "document"`): a row holds one
+    /// document, or one piece of a document longer than a row.
+    pub fn one_document_per_row(mut self, on: bool) -> Self {
+        self.one_document = on;
+        self
     }
 
     /// The state before the next row.
@@ -351,6 +372,9 @@ impl Packer {
             if len <= limit {
                 view.append_to(&mut row, offset, len);
                 self.advance_document();
+                if self.one_document {
+                    return Ok(row);
+                }
                 continue;
             }
             // The largest clean cut that fits.

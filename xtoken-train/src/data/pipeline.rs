@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use xtoken_core::align::{AlignParams, Aligner, Alignment, Workspace};
 use xtoken_core::cache::{encode_record, AlignCache, CacheMetadata, CacheWriter, TokenizerRecord};
@@ -28,6 +29,26 @@ pub struct Pipeline {
     pub aligners: Vec<Aligner>,
 }
 
+/// Where a document's stretch lies in a packed row: teacher positions `at..at + len` of the
+/// row are positions `from..from + len` of the document whose key is `key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TeacherSpan {
+    /// First position in the row.
+    pub at: u32,
+    /// Positions.
+    pub len: u32,
+    /// The document's key ([`doc_key`] of its teacher ids).
+    pub key: u64,
+    /// First position in the document.
+    pub from: u32,
+}
+
+/// The key a stored teacher pass finds a document by: xxh3-64 of its teacher ids.
+pub fn doc_key(ids: &[u32]) -> u64 {
+    let bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    xxhash_rust::xxh3::xxh3_64(&bytes)
+}
+
 /// A text's student ids and, per teacher, its ids and their alignment: one document as
 /// [`Pipeline::process`] returns it, or one packed row as the [`Packer`](super::Packer) makes
 /// it.
@@ -42,6 +63,9 @@ pub struct AlignedText {
     /// chunks were paired by bytes alone and not checked in place. Empty when not known (rows
     /// packed from a cache).
     pub respelled: Vec<bool>,
+    /// Per teacher, for a packed row: the documents' stretches in it, in order, which stored
+    /// teacher targets are found by. Empty for a text just aligned.
+    pub spans: Vec<Vec<TeacherSpan>>,
 }
 
 impl Pipeline {
@@ -77,10 +101,7 @@ impl Pipeline {
     }
 
     fn process_piece(&self, ws: &mut Workspace, text: &str, first: bool) -> Result<AlignedText> {
-        let encode = |vocab: &Vocabulary| match first {
-            true => vocab.encode(text),
-            false => Ok(vocab.encode_pieces(&[text])?.swap_remove(0)),
-        };
+        let encode = |vocab: &Vocabulary| encode_piece(vocab, text, first);
         let student_ids = encode(&self.student)?;
         let mut teachers = Vec::with_capacity(self.teachers.len());
         let mut respelled = Vec::with_capacity(self.teachers.len());
@@ -94,8 +115,27 @@ impl Pipeline {
             student_ids,
             teachers,
             respelled,
+            spans: Vec::new(),
         })
     }
+}
+
+/// A piece of a text tokenized as [`Pipeline::process`] does: the first with its special
+/// tokens, the others as running text.
+fn encode_piece(vocab: &Vocabulary, text: &str, first: bool) -> Result<Vec<u32>> {
+    Ok(match first {
+        true => vocab.encode(text)?,
+        false => vocab.encode_pieces(&[text])?.swap_remove(0),
+    })
+}
+
+/// A text's ids under `vocab`, exactly as [`Pipeline::process`] tokenizes each side of it.
+pub fn encode_text(vocab: &Vocabulary, text: &str) -> Result<Vec<u32>> {
+    let mut ids = Vec::new();
+    for (i, piece) in pieces(text, PIECE_BYTES).into_iter().enumerate() {
+        ids.extend(encode_piece(vocab, piece, i == 0)?);
+    }
+    Ok(ids)
 }
 
 /// The longest text aligned in one DP (see [`Pipeline::process`]).
@@ -153,6 +193,7 @@ impl AlignedText {
             student_ids: Vec::new(),
             teachers: vec![(Vec::new(), nothing); teachers],
             respelled: Vec::new(),
+            spans: vec![Vec::new(); teachers],
         }
     }
 

@@ -169,6 +169,7 @@ mod tests {
             cache: None,
             workers: 0,
             prefetch: 1,
+            packing: "concatenate".into(),
         }
     }
 

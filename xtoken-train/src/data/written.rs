@@ -93,6 +93,7 @@ pub fn written(
             student_ids: ids,
             teachers,
             respelled,
+            spans: Vec::new(),
         },
         prompt_len,
         generated: kept - prompt_len,

@@ -115,7 +115,7 @@ fn export_inputs(config: &RunConfig) -> Inputs {
         )
         .with("the student's tokenizer", config.student_tokenizer());
     for t in &config.teachers {
-        inputs.add("a teacher's model directory", t.model.clone());
+        inputs.add("a teacher's model directory", t.dir());
         if let Some(tokenizer) = &t.tokenizer {
             inputs.add("a teacher's tokenizer", tokenizer.clone());
         }

@@ -13,7 +13,9 @@
 //! 6. [`heldout`] and [`benchmarks`]: held-out text and the paper's benchmarks scored every
 //!    `eval.every` steps;
 //! 7. [`checkpoint`], [`resume`] (what a resumed run may change) and [`export`] (the student as a
-//!    Hugging Face directory).
+//!    Hugging Face directory);
+//! 8. [`teach`]: the teachers' targets stored once (`xtoken teach`) for runs that read them
+//!    instead of running the teachers.
 //!
 //! It stands on every other floor: the ground (`config`, `backend`, `machine`, `paths`),
 //! `data`, `cluster`, `harness` and `observe`; nothing below imports it.
@@ -35,4 +37,5 @@ pub mod resume;
 pub mod run;
 pub mod schedule;
 pub mod step;
+pub mod teach;
 pub mod teachers;

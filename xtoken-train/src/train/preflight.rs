@@ -176,8 +176,17 @@ fn plan(
     failures.note(resume_point(config, options, &inputs.sources));
     failures.note(prompts_present(config, &inputs.sources));
     failures.note(open_weights(&config.student.model).context("student"));
-    for s in &inputs.settings {
-        failures.note(open_weights(&s.model).with_context(|| format!("teacher {}", s.name)));
+    for (m, s) in inputs.settings.iter().enumerate() {
+        match &s.targets {
+            // Stored targets: the manifest, every shard's checksum and the run's settings.
+            Some(dir) => {
+                failures.note(crate::train::teachers::open_store(config, &inputs, m, dir));
+            }
+            None => {
+                failures
+                    .note(open_weights(&s.model).with_context(|| format!("teacher {}", s.name)));
+            }
+        }
     }
     let fields = crate::data::prompts::fields(config);
     let student = &inputs.pipeline.student;

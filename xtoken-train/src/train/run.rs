@@ -12,15 +12,20 @@
 //! `loss.svg`, `checkpoints/step-NNNNNNNN/` and, at the end, `student/`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
+use xtoken_core::loss::multi::Weighting;
+use xtoken_core::loss::TopK;
 use xtoken_core::temporary::NewEntries;
 use xtoken_models::{LoadOptions, Transformer};
 
 use crate::backend::TrainBackend;
 use crate::cluster::parallel::{fingerprint, Worker};
 use crate::config::RunConfig;
+use crate::data::loader::Finish;
+use crate::data::MicroBatch;
 use crate::data::{
     AlignedStream, BatchShape, DocumentStream, Feed, Loader, LoaderState, OnPolicyDraw, Packer,
     StepPlan,
@@ -29,6 +34,7 @@ use crate::error::{Context, Error, Result};
 use crate::observe::evals::{EvalLog, EvalRow};
 use crate::observe::metrics::{MetricsLog, OnPolicyMetrics, StepMetrics};
 use crate::observe::progress::Progress;
+use crate::targets::store::Store;
 use crate::train::benchmarks::TrainingBenchmarks;
 use crate::train::checkpoint::{self, CheckpointState};
 use crate::train::export::{export_trained, write_student};
@@ -186,9 +192,14 @@ impl<B: TrainBackend> Run<B> {
             0 => B::length_multiple(),
             m => m,
         };
+        let stores = teachers
+            .iter()
+            .map(|t| t.store.clone().map(|s| (s, t.vocab)))
+            .collect();
         let loader = start_loader(
             &config,
             &inputs,
+            stores,
             (&worker, multiple),
             (state.loader.clone(), state.step),
             lenient,
@@ -726,6 +737,7 @@ fn restore<B: TrainBackend>(
 fn start_loader(
     config: &RunConfig,
     inputs: &RunInputs,
+    stores: Vec<Option<(Arc<Store>, usize)>>,
     (worker, length_multiple): (&Worker, usize),
     (state, step): (LoaderState, u64),
     lenient: bool,
@@ -759,7 +771,8 @@ fn start_loader(
         done: step,
         on_policy: OnPolicyDraw::of(config),
     };
-    let packer = Packer::new(feed, teachers, config.seed, t.context_length, state)?;
+    let packer = Packer::new(feed, teachers, config.seed, t.context_length, state)?
+        .one_document_per_row(config.document_rows()?);
     let shape = BatchShape {
         global: t.batch_size,
         micro: t.micro_batch,
@@ -773,5 +786,45 @@ fn start_loader(
         config.merge_variant()?,
         config.data.prefetch,
         plan,
+        stored_entries(config, stores)?,
     )
+}
+
+/// The loader of a run of `config` from its start on a single worker, with each stored
+/// teacher's store (`stores[m]`, with its vocabulary size) merged into the micro-batches: what
+/// `xtoken bench train --stored` times on its own.
+pub fn open_loader(
+    config: &RunConfig,
+    inputs: &RunInputs,
+    stores: Vec<Option<(Arc<Store>, usize)>>,
+) -> Result<Loader> {
+    let worker = Worker::alone();
+    let state = (LoaderState::default(), 0);
+    start_loader(config, inputs, stores, (&worker, 1), state, false)
+}
+
+/// The loader's work for stored teachers: each micro-batch's entries merged from their store.
+fn stored_entries(
+    config: &RunConfig,
+    stores: Vec<Option<(Arc<Store>, usize)>>,
+) -> Result<Option<Finish>> {
+    if stores.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let k = config.loss_params().top_k;
+    let confidence = matches!(config.weighting()?, Weighting::Adaptive(_));
+    Ok(Some(Box::new(move |micro: &mut MicroBatch| {
+        for (batch, store) in micro.teachers.iter_mut().zip(&stores) {
+            if let Some((store, vocab)) = store {
+                let k = match k {
+                    TopK::K(k) => k.min(*vocab),
+                    TopK::All => *vocab,
+                };
+                let entries =
+                    store.entries(&mut batch.plan, &batch.spans, &batch.ids, k, confidence)?;
+                batch.stored = Some(entries);
+            }
+        }
+        Ok(())
+    })))
 }

@@ -3,6 +3,9 @@
 //! GOLD and H-KL, the learnable W for P-KL. Per micro-batch a teacher turns into its top-K
 //! targets.
 
+use std::path::Path;
+use std::sync::Arc;
+
 use burn::module::Module;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
@@ -17,9 +20,10 @@ use xtoken_models::{LoadOptions, ModelError, Tokens, Transformer};
 
 use crate::backend::TrainBackend;
 use crate::config::{DtypeChoice, RunConfig, TeacherSettings};
-use crate::data::TeacherBatch;
+use crate::data::{fingerprint, TeacherBatch};
 use crate::error::{Context, Error, Result};
 use crate::observe::profile;
+use crate::targets::store::Store;
 use crate::train::inputs::{projection_for, RunInputs};
 
 /// A teacher with everything its loss needs.
@@ -28,8 +32,12 @@ pub struct Teacher<B: AutodiffBackend> {
     pub settings: TeacherSettings,
     /// Its loss (`auto` resolved).
     pub kind: LossKind,
-    /// The model, on the inner backend: it never enters the graph.
-    pub model: Transformer<B::InnerBackend>,
+    /// The model, on the inner backend: it never enters the graph (`None`: stored targets).
+    pub model: Option<Transformer<B::InnerBackend>>,
+    /// Its stored targets (`teachers[].targets`), whose entries the loader merges.
+    pub store: Option<Arc<Store>>,
+    /// Its vocabulary size (the width of its logits).
+    pub vocab: usize,
     /// GOLD, H-KL: the common set's tables.
     pub tables: Option<CommonTables>,
     /// P-KL: W, learnable unless `projection.learnable = false`.
@@ -76,27 +84,31 @@ impl<B: TrainBackend> Teacher<B> {
             }
             _ => None,
         };
-        let dtype = dtype_of::<B::InnerBackend>(settings.dtype, device);
-        let model = Transformer::<B::InnerBackend>::load_with(
-            &settings.model,
-            LoadOptions { dtype },
-            device,
-        )
-        .with_context(|| format!("teacher {}", settings.name))?;
-        if lead {
-            tracing::info!(
-                "teacher {}: {} ({} parameters, {dtype:?}), {}, α = {}",
-                settings.name,
-                settings.model.display(),
-                model.architecture.num_parameters(),
-                kind.name(),
-                settings.alpha
-            );
-        }
+        let (model, store) = match &settings.targets {
+            Some(dir) => {
+                let store = open_store(config, inputs, m, dir)?;
+                if lead {
+                    tracing::info!(
+                        "teacher {}: stored targets {} ({} documents, top-{} {}), {}, α = {}",
+                        settings.name,
+                        dir.display(),
+                        store.documents(),
+                        store.manifest.top_k,
+                        store.manifest.dtype.name(),
+                        kind.name(),
+                        settings.alpha
+                    );
+                }
+                (None, Some(Arc::new(store)))
+            }
+            None => (Some(load_model::<B>(settings, kind, device, lead)?), None),
+        };
         Ok(Self {
             settings: settings.clone(),
             kind,
             model,
+            store,
+            vocab: widths.1,
             tables,
             projection,
         })
@@ -113,6 +125,7 @@ impl<B: TrainBackend> Teacher<B> {
 
     /// Runs the teacher on its side of a micro-batch of `rows` rows (no graph) and keeps its
     /// top-K merged log-probabilities per chunk; with adaptive weighting, its confidence too.
+    /// A stored teacher's entries were merged by the loader: they are uploaded.
     pub fn targets(
         &self,
         batch: &TeacherBatch,
@@ -121,13 +134,23 @@ impl<B: TrainBackend> Teacher<B> {
         weighting: Weighting,
         device: &B::Device,
     ) -> Result<TeacherTargets<B>> {
+        let Some(model) = &self.model else {
+            let entries = batch.stored.as_ref().ok_or_else(|| {
+                Error::Run(format!(
+                    "teacher {}: a micro-batch came without its stored entries",
+                    self.settings.name
+                ))
+            })?;
+            let built = TeacherTargets::from_host(entries, self.vocab, &batch.plan, params, device);
+            return built.with_context(|| format!("teacher {}", self.settings.name));
+        };
         // Rows are padded on the right and attention is causal: no real position sees a padded
         // one, and the plan reads real rows only. So the teacher runs without a padding mask,
         // which would build a `[rows, 1, len, len]` mask on the host and leave the causal kernel.
         let forward = |name: &str| format!("teacher {name}: forward");
         let tokens = tokens::<B::InnerBackend>(&batch.ids, &None, [rows, batch.len], device)
             .with_context(|| forward(&self.settings.name))?;
-        let logits = match self.model.forward_of(&tokens) {
+        let logits = match model.forward_of(&tokens) {
             Ok(logits) => logits,
             // The model's own check of its positions, said in the run's terms.
             Err(ModelError::TooLong { len, limit }) => {
@@ -152,6 +175,45 @@ impl<B: TrainBackend> Teacher<B> {
         profile::boundary::<B>(device, || format!("teacher {}: top-K", self.settings.name));
         Ok(built)
     }
+}
+
+/// Loads teacher `settings`' model in its dtype on `device`.
+fn load_model<B: TrainBackend>(
+    settings: &TeacherSettings,
+    kind: LossKind,
+    device: &B::Device,
+    lead: bool,
+) -> Result<Transformer<B::InnerBackend>> {
+    let dtype = dtype_of::<B::InnerBackend>(settings.dtype, device);
+    let model =
+        Transformer::<B::InnerBackend>::load_with(&settings.model, LoadOptions { dtype }, device)
+            .with_context(|| format!("teacher {}", settings.name))?;
+    if lead {
+        tracing::info!(
+            "teacher {}: {} ({} parameters, {dtype:?}), {}, α = {}",
+            settings.name,
+            settings.model.display(),
+            model.architecture.num_parameters(),
+            kind.name(),
+            settings.alpha
+        );
+    }
+    Ok(model)
+}
+
+/// Opens teacher `m`'s stored targets in `dir` and checks them against the run.
+pub fn open_store(config: &RunConfig, inputs: &RunInputs, m: usize, dir: &Path) -> Result<Store> {
+    let store = Store::open(dir).with_context(|| format!("teachers[{m}].targets"))?;
+    let prints = fingerprint::of_sources(&inputs.sources)?;
+    store
+        .check_run(
+            &inputs.pipeline.teachers[m],
+            inputs.teacher_configs[m].architecture.vocab_size,
+            &config.loss_params(),
+            &prints,
+        )
+        .with_context(|| format!("teachers[{m}].targets"))?;
+    Ok(store)
 }
 
 /// What `auto` resolves to: the coverage audit's recommendation, P-KL or H-KL.

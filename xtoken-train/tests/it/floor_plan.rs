@@ -11,7 +11,12 @@ use std::path::{Path, PathBuf};
 
 /// The library's floors, from the ground up; a file is on the floor of its top folder, or on
 /// the ground when it stands at the top.
-const FLOORS: [&[&str]; 4] = [&["data", "cluster"], &["harness"], &["observe"], &["train"]];
+const FLOORS: [&[&str]; 4] = [
+    &["data", "cluster"],
+    &["harness", "targets"],
+    &["observe"],
+    &["train"],
+];
 
 /// The ground's folders (beside its files: `error`, `backend`, `machine`, `paths`, `output`).
 const GROUND: [&str; 1] = ["config"];

@@ -33,7 +33,7 @@ use report::{MethodResult, Points};
 use runs::{Job, Run};
 pub use setup::DemoArgs;
 pub(crate) use setup::{Regime, ALPHA, LR_DISTILL};
-use setup::{LR_WARM_UP, METHODS, STUDENT_SHAPE, STUDENT_VOCAB, TEACHER_SHAPE};
+use setup::{LR_WARM_UP, METHODS, STORED_METHOD, STUDENT_SHAPE, STUDENT_VOCAB, TEACHER_SHAPE};
 use xtoken_core::audit::{self, AuditOptions};
 use xtoken_core::projection::SparseProjection;
 use xtoken_core::vocab::Vocabulary;
@@ -128,6 +128,19 @@ fn one_seed(
         })
         .collect();
     let mut curves = Vec::new();
+    if args.stored {
+        say("the audit's pick from its teacher's stored targets (top-64, 8-bit)");
+        let stored: Vec<Job<'_, (MethodResult, Points)>> = picks
+            .iter()
+            .map(|&(regime, pick)| -> Job<'_, (MethodResult, Points)> {
+                let s = &s;
+                Box::new(move || s.stored_student(regime, pick))
+            })
+            .collect();
+        for (row, _) in runs::pool(threads, stored)? {
+            rows.push(row);
+        }
+    }
     for (mut row, curve) in runs::pool(threads, jobs)? {
         row.audit_pick = picks.contains(&(row.regime, row.method.as_str()));
         if row.regime == args.regimes[0] {
@@ -196,6 +209,7 @@ impl Seeded<'_> {
             data: &self.data,
             seed: self.seed,
             device: &self.args.device,
+            stored: None,
         }
     }
 
@@ -258,6 +272,38 @@ impl Seeded<'_> {
         .train()?;
         let (final_loss, curve) = runs::ce_curve(&out)?;
         Ok((self.score(regime, method, &out, final_loss)?, curve))
+    }
+
+    /// `--stored`: the regime's teacher stored at top-64 in 8 bits (`xtoken teach`), and the
+    /// audit's pick `pick` distilled from the store.
+    fn stored_student(&self, regime: Regime, pick: &str) -> Result<(MethodResult, Points)> {
+        let (_, loss, alpha) = METHODS
+            .iter()
+            .find(|m| m.0 == pick)
+            .copied()
+            .ok_or_else(|| anyhow::anyhow!("the audit's pick {pick} is no method of the demo"))?;
+        let dir = self.runs().join(regime.name());
+        let (out, store) = (dir.join("stored-pick"), dir.join("stored-targets"));
+        let (start, teacher) = (self.student_start(), dir.join("teacher").join("student"));
+        let online = Run {
+            teacher: &teacher,
+            loss,
+            alpha,
+            ..self.ce_run(&out, &start, self.args.student_steps, LR_DISTILL)
+        };
+        let teach = format!("{}\n[teach]\ntop_k = 64\ndtype = \"q8\"\n", online.toml());
+        xtoken_train::train::teach::teach_on_device(
+            &xtoken_train::RunConfig::parse(&teach)?,
+            &store,
+        )?;
+        let targets = store.join("teacher");
+        Run {
+            stored: Some((&targets, 64)),
+            ..online
+        }
+        .train()?;
+        let (final_loss, curve) = runs::ce_curve(&out)?;
+        Ok((self.score(regime, STORED_METHOD, &out, final_loss)?, curve))
     }
 
     fn score(

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use xtoken_train::observe::metrics::{bar_chart, line_chart};
 
-use super::setup::{DemoArgs, Regime, ALPHA, METHODS};
+use super::setup::{DemoArgs, Regime, ALPHA, METHODS, STORED_METHOD};
 
 /// One model's evaluation: a teacher's (`method` "teacher") or a student's.
 #[derive(Debug, Clone, Serialize)]
@@ -51,9 +51,13 @@ fn percent(values: &[f64], seeds: bool) -> String {
     }
 }
 
-/// The methods in table order: the teacher, then the students.
-fn methods() -> impl Iterator<Item = &'static str> {
-    std::iter::once("teacher").chain(METHODS.iter().map(|m| m.0))
+/// The methods in table order: the teacher, then the students (the one from stored targets,
+/// `--stored`, last, where it ran).
+fn methods(results: &[MethodResult]) -> impl Iterator<Item = &'static str> + '_ {
+    let stored = results.iter().any(|r| r.method == STORED_METHOD);
+    std::iter::once("teacher")
+        .chain(METHODS.iter().map(|m| m.0))
+        .chain(stored.then_some(STORED_METHOD))
 }
 
 /// The rows of one regime and method, over the seeds.
@@ -70,7 +74,7 @@ pub fn table(regimes: &[Regime], results: &[MethodResult], seeds: u64) -> String
         "| teacher's tokenizer | model | answer accuracy | numeral-token accuracy | final training CE |\n|---|---|---:|---:|---:|\n",
     );
     for &regime in regimes {
-        for method in methods() {
+        for method in methods(results) {
             let rows = of(results, regime, method);
             if rows.is_empty() {
                 continue;
@@ -100,7 +104,7 @@ fn accuracy_chart(regimes: &[Regime], results: &[MethodResult]) -> String {
     let groups: Vec<(String, Vec<(String, f64)>)> = regimes
         .iter()
         .map(|&regime| {
-            let bars = methods()
+            let bars = methods(results)
                 .map(|method| {
                     let values: Vec<f64> = of(results, regime, method)
                         .iter()

@@ -26,6 +26,9 @@ pub struct Run<'a> {
     pub seed: u64,
     /// `cpu`, `flex` or `ndarray`.
     pub device: &'a str,
+    /// Read the teacher's stored targets in this directory instead of running `teacher`, with
+    /// this top-K (`None`: the teacher runs, the whole vocabulary kept).
+    pub stored: Option<(&'a Path, usize)>,
 }
 
 impl Run<'_> {
@@ -48,7 +51,7 @@ device = {device:?}
 model = {student}
 [[teachers]]
 name = "teacher"
-model = {teacher}
+{source}
 loss = "{loss}"
 alpha = {alpha}
 [data]
@@ -63,7 +66,7 @@ warmup = 0.05
 log_every = {steps}
 activation_checkpointing = false
 [loss]
-top_k = 0
+top_k = {top_k}
 dynamic_scaling = false
 [checkpoint]
 every = {steps}
@@ -72,7 +75,11 @@ save_dtype = "f32"
 "#,
             out = path(self.out),
             student = path(self.student),
-            teacher = path(self.teacher),
+            source = match self.stored {
+                Some((dir, _)) => format!("targets = {}", path(dir)),
+                None => format!("model = {}", path(self.teacher)),
+            },
+            top_k = self.stored.map_or(0, |(_, k)| k),
             data = path(self.data),
             loss = self.loss,
             alpha = self.alpha,

@@ -55,6 +55,10 @@ pub struct DemoArgs {
     /// in bf16 by `training.compute_dtype`'s default) or `ndarray` (burn's ndarray).
     #[arg(long, default_value = "cpu")]
     pub(super) device: String,
+    /// Also distill the audit's pick from its teacher's stored targets (`xtoken teach`) at
+    /// top-64 in 8 bits, beside the online run that keeps the whole vocabulary.
+    #[arg(long)]
+    pub(super) stored: bool,
 }
 
 /// Which teacher the students are distilled from.
@@ -119,6 +123,9 @@ impl Regime {
 pub(crate) const ALPHA: f64 = 2.0;
 
 /// The students: name, loss and α (`CE only` is the floor: the same run with α = 0).
+/// The row of the audit's pick distilled from stored targets (`--stored`).
+pub(super) const STORED_METHOD: &str = "audit's pick, stored top-64 8-bit";
+
 pub(super) const METHODS: [(&str, &str, f64); 5] = [
     ("CE only", "uld", 0.0),
     ("GOLD", "gold", ALPHA),

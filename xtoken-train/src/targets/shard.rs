@@ -1,0 +1,334 @@
+//! One shard file of stored targets: a header, one record per document, an index of the
+//! documents, and a footer with the data shard and piece it covers and an xxh3 checksum of
+//! everything before it. Little-endian throughout.
+//!
+//! A document's record of `n` positions and `k` entries each:
+//! `ids [n] u32 · observed [n] f32 · neg_ce [n] f32 · max_prob [n] f32 · neg_entropy [n] f64 ·
+//! top ids [n, k] u32 · values [n] × (k values in the store's dtype)`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use xtoken_kernels::host::PositionTargets;
+
+use crate::config::ValueDtype;
+use crate::error::{Context, Error, Result};
+
+const HEAD: &[u8; 8] = b"XTTSHRD1";
+const TAIL: &[u8; 8] = b"XTTSEND1";
+const HEADER_BYTES: usize = 16;
+/// index offset, documents, data shard, piece, last, checksum, magic.
+const FOOTER_BYTES: usize = 56;
+const INDEX_ENTRY_BYTES: usize = 24;
+
+/// Bytes of a position besides its entries: its token, observed log-probability, `−CE`,
+/// max-probability (4 each) and `Σ p log p` (8).
+pub const POSITION_BYTES: usize = 24;
+
+pub use crate::data::doc_key;
+
+/// A shard file being written: documents appended in memory, the file written whole.
+pub struct ShardWriter {
+    k: usize,
+    dtype: ValueDtype,
+    body: Vec<u8>,
+    index: Vec<(u64, u64, u64)>,
+    scratch: Vec<f32>,
+}
+
+impl ShardWriter {
+    /// An empty shard of `k` entries per position in `dtype`.
+    pub fn new(k: usize, dtype: ValueDtype) -> Self {
+        let mut body = Vec::with_capacity(1 << 20);
+        body.extend_from_slice(HEAD);
+        body.extend_from_slice(&(k as u32).to_le_bytes());
+        body.push(match dtype {
+            ValueDtype::F32 => 0,
+            ValueDtype::Bf16 => 1,
+            ValueDtype::Q8 => 2,
+        });
+        body.extend_from_slice(&[0; 3]);
+        Self {
+            k,
+            dtype,
+            body,
+            index: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Documents appended.
+    pub fn documents(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Bytes so far.
+    pub fn bytes(&self) -> usize {
+        self.body.len()
+    }
+
+    /// Appends a document: its teacher `ids` and each position's targets (`targets.k` must be
+    /// the shard's).
+    pub fn push(&mut self, ids: &[u32], targets: &PositionTargets) -> Result<()> {
+        let (n, k) = (ids.len(), self.k);
+        let fits = targets.k == k
+            && targets.ids.len() == n * k
+            && targets.logp.len() == n * k
+            && targets.observed.len() == n
+            && targets.neg_ce.len() == n
+            && targets.neg_entropy.len() == n
+            && targets.max_prob.len() == n;
+        if !fits {
+            return Err(Error::Targets(format!(
+                "a document of {n} positions came with targets of another shape (k = {}, {} \
+                 entries) than the shard's (k = {k})",
+                targets.k,
+                targets.ids.len()
+            )));
+        }
+        self.index
+            .push((doc_key(ids), self.body.len() as u64, n as u64));
+        let b = &mut self.body;
+        ids.iter()
+            .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
+        for column in [&targets.observed, &targets.neg_ce, &targets.max_prob] {
+            column
+                .iter()
+                .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
+        }
+        targets
+            .neg_entropy
+            .iter()
+            .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
+        targets
+            .ids
+            .iter()
+            .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
+        for row in targets.logp.chunks_exact(k.max(1)) {
+            self.scratch.clear();
+            self.scratch.extend_from_slice(row);
+            self.dtype.encode(&self.scratch, b);
+        }
+        Ok(())
+    }
+
+    /// Writes the shard to `path` (through a temporary file, renamed into place), as piece
+    /// `piece` of data shard `data_shard`, `last` when no piece follows it.
+    pub fn finish(
+        mut self,
+        path: &Path,
+        data_shard: usize,
+        piece: usize,
+        last: bool,
+    ) -> Result<()> {
+        let index_offset = self.body.len() as u64;
+        for &(key, offset, n) in &self.index {
+            for v in [key, offset, n] {
+                self.body.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let docs = self.index.len() as u64;
+        for v in [
+            index_offset,
+            docs,
+            data_shard as u64,
+            piece as u64,
+            last as u64,
+        ] {
+            self.body.extend_from_slice(&v.to_le_bytes());
+        }
+        let checksum = xxhash_rust::xxh3::xxh3_64(&self.body);
+        self.body.extend_from_slice(&checksum.to_le_bytes());
+        self.body.extend_from_slice(TAIL);
+        crate::output::write_file(path, |tmp| {
+            let mut file = std::fs::File::create(tmp)?;
+            file.write_all(&self.body)?;
+            file.sync_all()?;
+            Ok(())
+        })
+    }
+}
+
+/// A shard file, memory-mapped and checked.
+pub struct ShardReader {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    /// Entries per position.
+    pub k: usize,
+    /// The values' encoding.
+    pub dtype: ValueDtype,
+    /// The data shard it covers (its place in `data.path`'s expansion).
+    pub data_shard: usize,
+    /// Its piece of that data shard.
+    pub piece: usize,
+    /// Whether no piece follows it.
+    pub last: bool,
+    /// `(key, offset, positions)` per document.
+    pub index: Vec<(u64, u64, u64)>,
+}
+
+/// The little-endian f32 at `at`.
+pub(crate) fn f32_at(bytes: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+impl ShardReader {
+    /// Maps `path` and checks its magic, checksum and index; a damaged file is an error naming
+    /// it.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path)
+            .with_context(|| format!("{}: opening a shard of stored targets", path.display()))?;
+        // Safety: the shard is never written once in place (shards are renamed in whole); a
+        // file truncated under a running reader is the one hazard memory maps carry.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .with_context(|| format!("{}: mapping it", path.display()))?;
+        let damaged = |why: &str| {
+            Error::Targets(format!(
+                "{}: damaged shard of stored targets ({why}); delete it and run `xtoken teach` \
+                 again to rewrite it",
+                path.display()
+            ))
+        };
+        let len = map.len();
+        if len < HEADER_BYTES + FOOTER_BYTES || &map[..8] != HEAD || &map[len - 8..] != TAIL {
+            return Err(damaged("no shard header or footer"));
+        }
+        let foot = len - FOOTER_BYTES;
+        let checksum = u64_at(&map, foot + 40);
+        if xxhash_rust::xxh3::xxh3_64(&map[..foot + 40]) != checksum {
+            return Err(damaged("its checksum does not match its bytes"));
+        }
+        let k = u32::from_le_bytes([map[8], map[9], map[10], map[11]]) as usize;
+        let dtype = match map[12] {
+            0 => ValueDtype::F32,
+            1 => ValueDtype::Bf16,
+            2 => ValueDtype::Q8,
+            _ => return Err(damaged("an unknown value dtype")),
+        };
+        let (index_offset, docs) = (u64_at(&map, foot) as usize, u64_at(&map, foot + 8) as usize);
+        if index_offset + docs * INDEX_ENTRY_BYTES != foot {
+            return Err(damaged("its index does not end at its footer"));
+        }
+        let per_position = POSITION_BYTES + 4 * k + dtype.value_bytes(k);
+        let index: Vec<(u64, u64, u64)> = (0..docs)
+            .map(|d| {
+                let at = index_offset + d * INDEX_ENTRY_BYTES;
+                (
+                    u64_at(&map, at),
+                    u64_at(&map, at + 8),
+                    u64_at(&map, at + 16),
+                )
+            })
+            .collect();
+        if index
+            .iter()
+            .any(|&(_, off, n)| off as usize + n as usize * per_position > index_offset)
+        {
+            return Err(damaged("a document runs past its records"));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            k,
+            dtype,
+            data_shard: u64_at(&map, foot + 16) as usize,
+            piece: u64_at(&map, foot + 24) as usize,
+            last: u64_at(&map, foot + 32) != 0,
+            index,
+            map,
+        })
+    }
+
+    /// Its size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Document `d` of the index.
+    pub fn doc(&self, d: usize) -> DocRecord<'_> {
+        let (_, offset, n) = self.index[d];
+        let per_position = POSITION_BYTES + 4 * self.k + self.dtype.value_bytes(self.k);
+        let start = offset as usize;
+        DocRecord {
+            n: n as usize,
+            k: self.k,
+            dtype: self.dtype,
+            bytes: &self.map[start..start + n as usize * per_position],
+        }
+    }
+}
+
+/// One stored document, read in place.
+#[derive(Clone, Copy)]
+pub struct DocRecord<'a> {
+    /// Positions.
+    pub n: usize,
+    /// Entries per position.
+    pub k: usize,
+    /// The values' encoding.
+    pub dtype: ValueDtype,
+    bytes: &'a [u8],
+}
+
+impl DocRecord<'_> {
+    fn column(&self, c: usize, q: usize) -> usize {
+        c * 4 * self.n + 4 * q
+    }
+
+    /// The teacher's token at position `q`.
+    pub fn id(&self, q: usize) -> u32 {
+        u32_at(self.bytes, self.column(0, q))
+    }
+
+    /// The teacher's tokens.
+    pub fn ids(&self) -> Vec<u32> {
+        (0..self.n).map(|q| self.id(q)).collect()
+    }
+
+    /// The tempered log-probability position `q` gave its next token (0 for the last).
+    pub fn observed(&self, q: usize) -> f32 {
+        f32_at(self.bytes, self.column(1, q))
+    }
+
+    /// `log p[y]` at τ = 1 of position `q`'s next token.
+    pub fn neg_ce(&self, q: usize) -> f32 {
+        f32_at(self.bytes, self.column(2, q))
+    }
+
+    /// `max p` at τ = 1 of position `q`.
+    pub fn max_prob(&self, q: usize) -> f32 {
+        f32_at(self.bytes, self.column(3, q))
+    }
+
+    /// `Σ p log p` at τ = 1 of position `q`.
+    pub fn neg_entropy(&self, q: usize) -> f64 {
+        f64::from_bits(u64_at(self.bytes, 16 * self.n + 8 * q))
+    }
+
+    /// Position `q`'s first `k` entries (best first): ids into `ids`, values into `values`.
+    pub fn entries(&self, q: usize, k: usize, ids: &mut Vec<u32>, values: &mut Vec<f32>) {
+        let top = 24 * self.n + 4 * self.k * q;
+        ids.extend(
+            self.bytes[top..top + 4 * k]
+                .chunks_exact(4)
+                .map(|b| u32_at(b, 0)),
+        );
+        let per = self.dtype.value_bytes(self.k);
+        let at = 24 * self.n + 4 * self.k * self.n + per * q;
+        self.dtype.decode(&self.bytes[at..at + per], k, values);
+    }
+}
