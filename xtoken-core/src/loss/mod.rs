@@ -290,7 +290,12 @@ impl<B: XTokenBackend> TeacherTargets<B> {
         let logits = teacher_logits.into_primitive().tensor();
         let entries = B::xt_teacher_entries(logits, &spec)
             .map_err(|e| kernel_error(e, plan.student_len, plan.teacher_len))?;
-        Ok(Self {
+        Ok(Self::laid_out(entries, plan, params.tau))
+    }
+
+    /// Entries for `plan`'s slots, with the student side of the same plan.
+    fn laid_out(entries: TeacherEntries<B>, plan: &BatchPlan, tau: f64) -> Self {
+        Self {
             entries,
             student: merge_plan(
                 &plan.student,
@@ -300,8 +305,8 @@ impl<B: XTokenBackend> TeacherTargets<B> {
             batch: plan.batch,
             student_len: plan.student_len,
             teacher_len: plan.teacher_len,
-            tau: params.tau,
-        })
+            tau,
+        }
     }
 
     /// Targets from entries computed elsewhere (a stored teacher pass): `entries` holds, per
@@ -327,18 +332,8 @@ impl<B: XTokenBackend> TeacherTargets<B> {
                 found: format!("{} ids, {} values", entries.ids.len(), entries.logp.len()),
             });
         }
-        Ok(Self {
-            entries: entries_to_device::<B>(entries.clone(), vocab, device),
-            student: merge_plan(
-                &plan.student,
-                &plan.chunk_mask,
-                plan.batch * plan.student_len,
-            ),
-            batch: plan.batch,
-            student_len: plan.student_len,
-            teacher_len: plan.teacher_len,
-            tau: params.tau,
-        })
+        let entries = entries_to_device::<B>(entries.clone(), vocab, device);
+        Ok(Self::laid_out(entries, plan, params.tau))
     }
 
     /// Entries kept per chunk.

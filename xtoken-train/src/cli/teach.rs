@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use xtoken_train::output::Inputs;
-use xtoken_train::train::teach::{open_all, teach_on_device};
+use xtoken_train::train::teach::{shard_bytes, teach_on_device};
 use xtoken_train::RunConfig;
 
 /// Options of `xtoken teach`.
@@ -35,15 +35,14 @@ pub fn run(args: TeachArgs) -> Result<()> {
         config.device = device;
     }
     let taught = teach_on_device(&config, &args.out)?;
-    for (t, store) in taught.iter().zip(open_all(&taught)?) {
+    for t in &taught {
         println!(
-            "{}: {} documents stored ({} read now, {} tokens, {:.0} tokens/s), {:.1} MB in {}",
+            "{}: {} documents read now ({} tokens, {:.0} tokens/s), {:.1} MB of shards in {}",
             t.name,
-            store.documents(),
             t.documents,
             t.tokens,
             t.tokens as f64 / t.seconds.max(1e-9),
-            store.bytes() as f64 / 1e6,
+            shard_bytes(&t.dir)? as f64 / 1e6,
             t.dir.display()
         );
     }

@@ -25,7 +25,7 @@ use crate::data::{encode_text, fingerprint, sources, DocumentReader, Shard};
 use crate::error::{Context, Error, Result};
 use crate::output::{claim_work_dir, Inputs};
 use crate::targets::shard::{ShardReader, ShardWriter};
-use crate::targets::store::{shard_name, Store};
+use crate::targets::store::{shard_files, shard_name};
 use crate::targets::{Manifest, FORMAT, MANIFEST};
 use crate::train::teachers::{dtype_of, tokens};
 
@@ -399,7 +399,13 @@ pub fn teach_on_device(config: &RunConfig, out: &Path) -> Result<Vec<Taught>> {
     on_backend(config.device.parse()?, &[], Work(config, out))
 }
 
-/// Opens the store of every teacher `teach` wrote under `out`, checking each whole.
-pub fn open_all(taught: &[Taught]) -> Result<Vec<Store>> {
-    taught.iter().map(|t| Store::open(&t.dir)).collect()
+/// Bytes of a store's shard files (their sizes, nothing read).
+pub fn shard_bytes(dir: &Path) -> Result<u64> {
+    let mut bytes = 0;
+    for file in shard_files(dir)? {
+        bytes += std::fs::metadata(&file)
+            .with_context(|| format!("{}: its size", file.display()))?
+            .len();
+    }
+    Ok(bytes)
 }

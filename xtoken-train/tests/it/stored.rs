@@ -4,10 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::backend::NdArray;
-use xtoken_models::Transformer;
-
-use crate::fixture::{fixture, ok, train, xtoken, Fixture};
+use crate::fixture::{fixture, metrics_without_timings, ok, train, xtoken, Fixture};
 use crate::support;
 
 /// A one-teacher run of `loss` on the fixture: one document per row, each within a row and a
@@ -59,21 +56,6 @@ fn teach(config: &Path, out: &Path) -> String {
     ]))
 }
 
-fn metrics_without_timings(run: &Path) -> Vec<Vec<String>> {
-    let text = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
-    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
-    let timing = |h: &str| h.contains("per_s") || h.ends_with("seconds") || h == "memory_bytes";
-    text.lines()
-        .map(|l| {
-            l.split(',')
-                .zip(&header)
-                .filter(|(_, h)| !timing(h))
-                .map(|(v, _)| v.to_string())
-                .collect()
-        })
-        .collect()
-}
-
 /// Per loss: the run from f32 stored targets ends with the online run's metrics and weights,
 /// bit for bit.
 #[test]
@@ -86,26 +68,23 @@ fn stored_targets_at_f32_train_exactly_as_the_online_teacher() {
         )
     };
     let store = f.dir.0.join("store");
-    for (loss, extra) in [
+    for (loss, loss_extra) in [
         ("pkl", ""),
         ("hkl", ""),
         ("gold", ""),
         ("uld", ""),
         ("pkl", "weighting = \"neg_entropy\""),
     ] {
-        let extra = if extra.is_empty() {
-            String::new()
-        } else {
-            format!("[loss]\n{extra}")
+        // `[loss]` appears once in the configuration: the extra key goes into it.
+        let with_loss_extra = |config: &Path| {
+            let text = std::fs::read_to_string(config).unwrap().replace(
+                "[loss]\ntop_k = 16",
+                &format!("[loss]\ntop_k = 16\n{loss_extra}"),
+            );
+            std::fs::write(config, text).unwrap();
         };
-        // `[loss]` appears once: the extra key goes into it.
         let online = run_config(&f, &format!("online-{loss}"), &online_teacher(loss), "");
-        let text = std::fs::read_to_string(&online).unwrap();
-        let text = text.replace(
-            "[loss]\ntop_k = 16",
-            &format!("[loss]\ntop_k = 16\n{}", extra.replace("[loss]\n", "")),
-        );
-        std::fs::write(&online, &text).unwrap();
+        with_loss_extra(&online);
         ok(train(&online, &[]));
         if !store.join("digits/manifest.json").exists() {
             let log = teach(&online, &store);
@@ -116,12 +95,7 @@ fn stored_targets_at_f32_train_exactly_as_the_online_teacher() {
             store.join("digits").display()
         );
         let stored = run_config(&f, &format!("stored-{loss}"), &stored_teacher, "");
-        let text = std::fs::read_to_string(&stored).unwrap();
-        let text = text.replace(
-            "[loss]\ntop_k = 16",
-            &format!("[loss]\ntop_k = 16\n{}", extra.replace("[loss]\n", "")),
-        );
-        std::fs::write(&stored, &text).unwrap();
+        with_loss_extra(&stored);
         let log = ok(train(&stored, &[]));
         assert!(log.contains("stored targets"), "{log}");
         let (a, b) = (
@@ -131,12 +105,12 @@ fn stored_targets_at_f32_train_exactly_as_the_online_teacher() {
         assert_eq!(
             metrics_without_timings(&a),
             metrics_without_timings(&b),
-            "{loss} {extra}: the metrics differ"
+            "{loss} {loss_extra}: the metrics differ"
         );
         assert!(
             std::fs::read(a.join("student/model.safetensors")).unwrap()
                 == std::fs::read(b.join("student/model.safetensors")).unwrap(),
-            "{loss} {extra}: the trained students differ"
+            "{loss} {loss_extra}: the trained students differ"
         );
         for run in [&a, &b] {
             std::fs::remove_dir_all(run).unwrap();
@@ -222,19 +196,13 @@ fn one_qwen3_store_trains_llama_and_gpt2_students() {
     let tokenizers = support::tokenizers_dir();
     let f = fixture("stored-real");
     let model = |name: &str, tokenizer: &str, vocab: usize, seed: u64| {
-        let dir = f.dir.0.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let arch = xtoken_models::config::Architecture::llama(vocab, 16, 32, 1, 2, 1);
-        Transformer::<NdArray>::random(&arch, seed, burn::tensor::DType::F32, &Default::default())
-            .unwrap()
-            .save(&dir, xtoken_models::SaveDtype::F32)
-            .unwrap();
-        std::fs::copy(
-            tokenizers.join(tokenizer).join("tokenizer.json"),
-            dir.join("tokenizer.json"),
+        crate::fixture::real_tokenizer_model(
+            &f.dir.0.join(name),
+            &tokenizers,
+            tokenizer,
+            vocab,
+            seed,
         )
-        .unwrap();
-        dir
     };
     let qwen = model("qwen3", "qwen3", 151_936, 2);
     let store = f.dir.0.join("store");

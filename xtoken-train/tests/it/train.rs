@@ -291,19 +291,13 @@ fn real_tokenizers_llama_student_qwen3_and_phi4_teachers() {
     let tokenizers = support::tokenizers_dir();
     let f = fixture("real");
     let model = |name: &str, tokenizer: &str, vocab: usize, seed: u64| {
-        let dir = f.dir.0.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let arch = xtoken_models::config::Architecture::llama(vocab, 16, 32, 1, 2, 1);
-        Transformer::<NdArray>::random(&arch, seed, burn::tensor::DType::F32, &Default::default())
-            .unwrap()
-            .save(&dir, xtoken_models::SaveDtype::F32)
-            .unwrap();
-        std::fs::copy(
-            tokenizers.join(tokenizer).join("tokenizer.json"),
-            dir.join("tokenizer.json"),
+        crate::fixture::real_tokenizer_model(
+            &f.dir.0.join(name),
+            &tokenizers,
+            tokenizer,
+            vocab,
+            seed,
         )
-        .unwrap();
-        dir
     };
     let student = model("llama", "llama-3.2", 128_256, 1);
     let qwen = model("qwen3", "qwen3", 151_936, 2);
