@@ -7,7 +7,7 @@
 //! they run on; [`models`] Llama-3, Qwen3 and Phi-3/Phi-4-mini loaded from (and saved to)
 //! Hugging Face model directories; [`train`] the run configuration, the data pipeline (in-memory
 //! alignment, the alignment cache, packing, the loader), the training step and loop,
-//! checkpoints and data parallelism. `docs/architecture.md` maps the crates and the math.
+//! checkpoints and data parallelism. The book (`docs/`) maps the crates and the math.
 
 pub use xtoken_core as core;
 pub use xtoken_core::loss;

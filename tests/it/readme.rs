@@ -1,32 +1,13 @@
-//! README's code is the code that is compiled: its loss snippet is the excerpt of
-//! `examples/downstream/src/own_loop.rs` between the `README:begin` and `README:end` markers
-//! (CI builds and runs that crate, a dependent of xtoken outside its workspace), and its library
-//! snippet is the last example of xtoken-train's crate documentation (a doctest).
+//! README's code is the code that is compiled: its library snippet is xtoken-train's `stepwise`
+//! example between its anchors (the book includes the same lines) and the last example of the
+//! crate's documentation (a doctest); and the crate of your own that CI builds locks what the
+//! workspace locks.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 fn read(path: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-#[test]
-fn the_readme_loss_snippet_is_the_compiled_example() {
-    let example = read("examples/downstream/src/own_loop.rs");
-    let (begin, end) = ("    // README:begin\n", "    // README:end");
-    let start = example.find(begin).expect("the example marks its excerpt") + begin.len();
-    let stop = example.find(end).expect("the example ends its excerpt");
-    let excerpt: String = example[start..stop]
-        .lines()
-        .map(|l| l.strip_prefix("    ").unwrap_or(l))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    assert!(excerpt.lines().count() > 10, "the excerpt is the loop");
-    let readme = read("README.md");
-    assert!(
-        readme.contains(&format!("```rust\n{excerpt}```")),
-        "README.md's loss snippet differs from the example's excerpt:\n{excerpt}"
-    );
 }
 
 #[test]
@@ -47,6 +28,20 @@ fn the_readme_library_snippet_is_the_crate_doctest() {
         .map(|l| format!("{l}\n"))
         .collect();
     assert!(code.contains("Run::<"), "the doctest is the stepwise run");
+    let example = read("xtoken-train/examples/stepwise.rs");
+    let (begin, end) = ("    // ANCHOR: stepwise\n", "\n    // ANCHOR_END: stepwise");
+    let start = example.find(begin).expect("the example marks its excerpt") + begin.len();
+    let stop = example.find(end).expect("the example ends its excerpt") + 1;
+    // rustfmt keeps a blank line between the last statement's comment and the anchor.
+    let excerpt: String = example[start..stop]
+        .trim_end()
+        .lines()
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    assert_eq!(
+        excerpt, code,
+        "the stepwise example differs from the crate's doctest"
+    );
     let readme = read("README.md");
     assert!(
         readme.contains(&format!("```rust\n{code}```")),

@@ -1,7 +1,7 @@
 //! Chunk plans: an alignment turned into the index arrays the loss gathers with.
 //!
 //! The loss compares, per two-sided chunk k, a merged distribution on each side (the chunk merge
-//! of `docs/architecture.md`). Logits at row `j` predict token `j + 1`, so for a chunk whose tokens sit at
+//! of the book's `docs/src/method/alignment.md`). Logits at row `j` predict token `j + 1`, so for a chunk whose tokens sit at
 //! positions `a..b`:
 //!
 //! - [`MergeVariant::FirstToken`] (the default):

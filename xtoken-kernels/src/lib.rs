@@ -19,7 +19,7 @@
 //!
 //! **Chunks and slots.** The losses speak of chunks, the kernels of slots: chunk `k` of
 //! sequence `b` is slot `b · K + k` of the batch ([`MergePlan`] is one side's slots); the words
-//! are defined in `docs/architecture.md`.
+//! are defined in `docs/src/architecture.md`.
 //!
 //! Every backend gets the portable host implementation ([`host`]) through the trait's default
 //! methods: it copies one row chunk at a time with `into_data`, runs on all cores, and uploads

@@ -11,7 +11,7 @@ use crate::loss_kind::LossKind;
 ///
 /// Chunk slot `c` compares `log p̂_c(v) = log p[predict_row[c]](v) + σ_c`, where `σ_c` sums
 /// `log p[row](token)` over the continuation terms of slot `c` (the chunk merge of
-/// `docs/architecture.md`). Slots with no predicting row are padding or chunks without a
+/// `docs/src/method/alignment.md`). Slots with no predicting row are padding or chunks without a
 /// predicting position: the loss skips them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MergePlan {

@@ -1,4 +1,4 @@
-//! A crate of your own that depends on xtoken (README: "Depending on xtoken").
+//! A crate of your own that depends on xtoken (the book: "Depending on xtoken").
 //!
 //! ```sh
 //! cargo run --release -- [STUDENT_TOKENIZER TEACHER_TOKENIZER] [STEPS]

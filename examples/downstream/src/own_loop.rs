@@ -99,7 +99,7 @@ pub fn run(args: &Arguments) -> Result<(), Error> {
     let (ids, padding) = student_inputs::<B>(&batch, &device);
     let teacher_logits = teacher_logits(&teacher, &batch, &device)?;
 
-    // README:begin
+    // ANCHOR: own_loop
     let params = LossParams::default(); // τ = 1, top-K 8192, λ_KL = λ_ULD = 1
     let plan = &batch.teachers[0].plan;
     // The teacher runs without a graph; keep its top-K per aligned chunk, drop its logits.
@@ -121,7 +121,7 @@ pub fn run(args: &Arguments) -> Result<(), Error> {
         println!("step {step}: CE {ce:.4} · P-KL {kd:.4}");
         losses.push(ce + kd);
     }
-    // README:end
+    // ANCHOR_END: own_loop
 
     match (losses.first(), losses.last()) {
         (Some(first), Some(last)) if last.is_finite() && last < first => {

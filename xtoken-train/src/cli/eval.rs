@@ -33,7 +33,7 @@ pub struct EvalArgs {
         default_value = "mmlu,gsm8k,math,winogrande,hellaswag"
     )]
     tasks: Vec<String>,
-    /// The datasets: a directory with one subdirectory per task (see the README).
+    /// The datasets: a directory with one subdirectory per task (see the book's Evaluation page).
     #[arg(long)]
     data: PathBuf,
     /// Solved examples per prompt (the paper: 3).

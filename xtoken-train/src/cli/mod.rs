@@ -6,6 +6,8 @@ pub mod demo;
 pub mod eval;
 pub mod models;
 pub mod projection;
+#[cfg(test)]
+mod reference;
 pub mod teach;
 pub mod train;
 

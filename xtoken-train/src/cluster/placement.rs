@@ -141,8 +141,8 @@ pub fn first_host(list: &str) -> Option<String> {
 
 fn missing(name: &str) -> Error {
     Error::Config(format!(
-        "{name} is not set: a process of a multi-process run needs it (see README, \"Several \
-         machines\")"
+        "{name} is not set: a process of a multi-process run needs it (see the book, \"Several \
+         GPUs, processes and machines\")"
     ))
 }
 

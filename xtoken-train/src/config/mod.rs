@@ -30,6 +30,8 @@
 use std::path::{Path, PathBuf};
 
 pub mod choices;
+#[cfg(test)]
+mod reference;
 
 pub use choices::{DeviceKind, DtypeChoice, ScalingScope, TaskName, ValueDtype};
 

@@ -80,7 +80,7 @@ pub type Splits = BTreeMap<String, Vec<Doc>>;
 pub fn read_splits(dir: &Path, configs: &[&str]) -> Result<Splits> {
     if !dir.is_dir() {
         return Err(Error::Data(format!(
-            "{}: no such directory (see the README on fetching the datasets)",
+            "{}: no such directory (see the book's Evaluation page on fetching the datasets)",
             dir.display()
         )));
     }

@@ -1,5 +1,5 @@
 //! The library's floor plan holds: no circle of imports between its files, and each floor uses
-//! only the floors below it (README's Layout, the module docs of `lib.rs`).
+//! only the floors below it (the book's Architecture and layout, the module docs of `lib.rs`).
 //!
 //! An import is any path a file names with `crate::`, `super::` or `self::`, and, in a folder's
 //! `mod.rs`, a `use` of one of its own files: so a folder that re-exports its files and a file
