@@ -75,7 +75,7 @@ fn expand_includes(page: &Path, text: &str) -> String {
 }
 
 /// The lines between `ANCHOR: name` and `ANCHOR_END: name`, their common indent removed.
-fn anchored(text: &str, name: &str) -> Option<String> {
+pub fn anchored(text: &str, name: &str) -> Option<String> {
     let lines: Vec<&str> = text.lines().collect();
     let begin = lines
         .iter()

@@ -29,15 +29,10 @@ fn the_readme_library_snippet_is_the_crate_doctest() {
         .collect();
     assert!(code.contains("Run::<"), "the doctest is the stepwise run");
     let example = read("xtoken-train/examples/stepwise.rs");
-    let (begin, end) = ("    // ANCHOR: stepwise\n", "\n    // ANCHOR_END: stepwise");
-    let start = example.find(begin).expect("the example marks its excerpt") + begin.len();
-    let stop = example.find(end).expect("the example ends its excerpt") + 1;
+    let excerpt =
+        crate::book::anchored(&example, "stepwise").expect("the example marks its excerpt");
     // rustfmt keeps a blank line between the last statement's comment and the anchor.
-    let excerpt: String = example[start..stop]
-        .trim_end()
-        .lines()
-        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
-        .collect();
+    let excerpt = format!("{}\n", excerpt.trim_end());
     assert_eq!(
         excerpt, code,
         "the stepwise example differs from the crate's doctest"

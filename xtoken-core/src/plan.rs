@@ -1,8 +1,8 @@
 //! Chunk plans: an alignment turned into the index arrays the loss gathers with.
 //!
 //! The loss compares, per two-sided chunk k, a merged distribution on each side (the chunk merge
-//! of the book's `docs/src/method/alignment.md`). Logits at row `j` predict token `j + 1`, so for a chunk whose tokens sit at
-//! positions `a..b`:
+//! of the book's `docs/src/method/alignment.md`). Logits at row `j` predict token `j + 1`, so
+//! for a chunk whose tokens sit at positions `a..b`:
 //!
 //! - [`MergeVariant::FirstToken`] (the default):
 //!   `log p̂(v) = log p[a−1](v) + Σ_{i=a+1}^{b−1} log p[i−1](x_i)`, the distribution over the

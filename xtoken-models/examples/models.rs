@@ -25,7 +25,8 @@ fn main() -> Result<(), ModelError> {
     let logits = teacher.forward(ids.clone(), None)?; // [B, T, V]; padding: true = pad
     let hidden = student.hidden_states(ids, None)?; // [B, T, H], for a fused head
     student.save(out_dir, SaveDtype::BF16)?; // config.json + model.safetensors
-                                             // ANCHOR_END: models
+
+    // ANCHOR_END: models
     println!("logits {:?}, hidden {:?}", logits.dims(), hidden.dims());
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! The distillation losses of one compared chunk in plain f64, written from their definitions
-//! (the book's page on the losses), for the tests of every crate to check the implementations against.
+//! (the book's page on the losses), for the tests of every crate to check the implementations
+//! against.
 //! `ls` and `lq` are the chunk's merged log-probabilities of the student (over V_S) and of the
 //! teacher (over V_T); `kept` the teacher ids of its top-K.
 

@@ -3,8 +3,8 @@
 //!
 //! The paper's ratio assumes `L_KD > 0`. The losses here can take any finite value: a merged
 //! multi-token chunk is not normalized (its mass is the continuation probability), and the
-//! teacher's top-K is not re-normalized, so a chunk's KL can be negative (the book's page on the losses
-//! states the definitions). The ratio is therefore taken on the magnitude, with a floor:
+//! teacher's top-K is not re-normalized, so a chunk's KL can be negative (the book's page on the
+//! losses states the definitions). The ratio is therefore taken on the magnitude, with a floor:
 //!
 //! `γ = L_CE / max(|L_KD|, KD_FLOOR)`
 //!

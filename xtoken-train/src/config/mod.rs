@@ -822,7 +822,8 @@ impl RunConfig {
         for (i, t) in self.teachers.iter().enumerate() {
             if t.model.is_some() == t.targets.is_some() {
                 return Err(Error::Config(format!(
-                    "teachers[{i}]: give `model` (a Hugging Face directory: the teacher runs at                      every step) or `targets` (a directory `xtoken teach` wrote){}",
+                    "teachers[{i}]: give `model` (a Hugging Face directory: the teacher runs at \
+                     every step) or `targets` (a directory `xtoken teach` wrote){}",
                     if t.model.is_some() { ", not both" } else { "" }
                 )));
             }
@@ -830,7 +831,8 @@ impl RunConfig {
         let stored = self.teachers.iter().any(|t| t.targets.is_some());
         if stored && self.on_policy_active().is_some() {
             return Err(Error::Config(
-                "on_policy: stored teacher targets (teachers[].targets) cannot grade what the                  student writes during the run; use `model` for on-policy teachers"
+                "on_policy: stored teacher targets (teachers[].targets) cannot grade what the \
+                 student writes during the run; use `model` for on-policy teachers"
                     .into(),
             ));
         }

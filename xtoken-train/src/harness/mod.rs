@@ -59,7 +59,8 @@ pub fn task_dir(data: &Path, task: &dyn Task) -> Result<PathBuf> {
         .find(|d| d.is_dir())
         .ok_or_else(|| {
             Error::Data(format!(
-                "{}: no `{}` directory for {} (see the book's Evaluation page on fetching the datasets)",
+                "{}: no `{}` directory for {} (see the book's Evaluation page on fetching the \
+                 datasets)",
                 data.display(),
                 names[0],
                 task.name()

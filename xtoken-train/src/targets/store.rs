@@ -137,7 +137,8 @@ impl Store {
         }
         if params.tau != m.temperature {
             return Err(Error::Targets(format!(
-                "{at}: written at temperature {}, the run's loss.temperature is {}; write them                  again with the run's",
+                "{at}: written at temperature {}, the run's loss.temperature is {}; write them \
+                 again with the run's",
                 m.temperature, params.tau
             )));
         }
@@ -147,7 +148,8 @@ impl Store {
         };
         if k > m.top_k.min(vocab) {
             return Err(Error::Targets(format!(
-                "{at}: they keep {} entries per position, the run's loss.top_k asks for {k};                  lower loss.top_k or write them again with a larger teach.top_k",
+                "{at}: they keep {} entries per position, the run's loss.top_k asks for {k}; \
+                 lower loss.top_k or write them again with a larger teach.top_k",
                 m.top_k
             )));
         }

@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 
 use crate::fixture::{fixture, metrics_without_timings, ok, train, xtoken, Fixture};
-use crate::support;
 
 /// A one-teacher run of `loss` on the fixture: one document per row, each within a row and a
 /// window, so that the online teacher reads each document alone as a stored pass does.
@@ -203,16 +202,9 @@ fn one_store_trains_students_of_two_tokenizers() {
 #[test]
 #[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
 fn one_qwen3_store_trains_llama_and_gpt2_students() {
-    let tokenizers = support::tokenizers_dir();
     let f = fixture("stored-real");
     let model = |name: &str, tokenizer: &str, vocab: usize, seed: u64| {
-        crate::fixture::real_tokenizer_model(
-            &f.dir.0.join(name),
-            &tokenizers,
-            tokenizer,
-            vocab,
-            seed,
-        )
+        crate::fixture::real_tokenizer_model(&f, name, tokenizer, vocab, seed)
     };
     let qwen = model("qwen3", "qwen3", 151_936, 2);
     let store = f.dir.0.join("store");

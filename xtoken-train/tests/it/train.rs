@@ -1,7 +1,5 @@
 //! `xtoken train` end to end on CPU, on the fixtures of `fixture/`.
 
-use crate::support;
-
 use crate::fixture::*;
 use burn::backend::NdArray;
 use xtoken_models::Transformer;
@@ -288,16 +286,9 @@ fn sizes_and_stops_a_run_cannot_take_are_named_errors() {
 #[test]
 #[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
 fn real_tokenizers_llama_student_qwen3_and_phi4_teachers() {
-    let tokenizers = support::tokenizers_dir();
     let f = fixture("real");
     let model = |name: &str, tokenizer: &str, vocab: usize, seed: u64| {
-        crate::fixture::real_tokenizer_model(
-            &f.dir.0.join(name),
-            &tokenizers,
-            tokenizer,
-            vocab,
-            seed,
-        )
+        crate::fixture::real_tokenizer_model(&f, name, tokenizer, vocab, seed)
     };
     let student = model("llama", "llama-3.2", 128_256, 1);
     let qwen = model("qwen3", "qwen3", 151_936, 2);
