@@ -98,6 +98,26 @@ pub fn check_available(kind: DeviceKind) -> Result<()> {
     }
 }
 
+/// Refuses a run of `config` on the device family `kind` whose backend this build or machine
+/// lacks, or whose dtypes that backend cannot hold or should not compute in: the one check
+/// `train` makes before it writes anything and `train --check` makes the same way. Every
+/// failure is listed.
+pub fn check_device(config: &crate::RunConfig, kind: DeviceKind) -> Result<()> {
+    let mut failures = crate::error::Failures::default();
+    failures.note(check_available(kind));
+    failures.note(check_dtype(kind, config.student_dtype(), "student.dtype"));
+    let compute = "training.compute_dtype";
+    failures.note(check_dtype(kind, config.compute_dtype(), compute));
+    failures.note(check_compute_on_cpu(kind, config.compute_dtype()));
+    if let Ok(settings) = config.teacher_settings() {
+        for (i, s) in settings.iter().enumerate() {
+            let key = format!("teachers[{i}].dtype");
+            failures.note(check_dtype(kind, Ok(s.dtype), &key));
+        }
+    }
+    failures.or_value(())
+}
+
 /// Whether tensors of `choice` (the value of the configuration key `key`: parameters or the
 /// compute dtype) can live on the backend `kind`: burn's ndarray holds f32 only, wgpu f32 and
 /// f16, CUDA and burn-flex (`cpu`, `flex`) also bf16. `auto` picks what the backend has.

@@ -83,18 +83,25 @@ impl Error {
 pub struct Failures(Vec<String>);
 
 impl Failures {
-    /// Keeps a failure (each of several ones, flattened); the value of a success.
+    /// Keeps a failure (each of several ones, flattened; one met twice, through two checks that
+    /// read the same value, once); the value of a success.
     pub fn note<T>(&mut self, result: Result<T>) -> Option<T> {
         match result {
             Ok(value) => Some(value),
             Err(Error::Several(list)) => {
-                self.0.extend(list);
+                list.into_iter().for_each(|one| self.keep(one));
                 None
             }
             Err(e) => {
-                self.0.push(e.report());
+                self.keep(e.report());
                 None
             }
+        }
+    }
+
+    fn keep(&mut self, report: String) {
+        if !self.0.contains(&report) {
+            self.0.push(report);
         }
     }
 

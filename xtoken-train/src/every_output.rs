@@ -160,6 +160,11 @@ fn outputs(s: &Sandbox) -> Vec<(&'static str, Vec<String>)> {
                 &["teach", "--config", &s.at("run.toml"), "--out", "OUT"],
             ),
         ),
+        // `output_dir` in a configuration of its own, written outside the sandbox per target.
+        (
+            "train/output_dir",
+            with(vec![], &["train", "--config", "CONFIG_WITH_OUT"]),
+        ),
         (
             "bench projection/out",
             with(pair(&["bench", "projection"]), &["--out", "OUT"]),
@@ -316,9 +321,21 @@ fn sandbox() -> Sandbox {
 /// holding a user's file, and the file.
 fn targets(s: &Sandbox, args: &[String]) -> Vec<String> {
     let mut targets = Vec::new();
-    let options_with_paths = args
+    // A command that reads a run configuration reads its models and data too.
+    let configured = args.iter().any(|a| a == "--config");
+    let read_by_config = ["student", "teacher", "train.jsonl"].map(|name| s.at(name));
+    let config_inputs = read_by_config
+        .iter()
+        .filter(|_| configured)
+        .map(|path| ["--input".to_string(), path.clone()]);
+    let windows: Vec<[String; 2]> = args
         .windows(2)
-        .filter(|w| w[0].starts_with("--") && w[1] != "OUT");
+        .map(|w| [w[0].clone(), w[1].clone()])
+        .chain(config_inputs)
+        .collect();
+    let options_with_paths = windows
+        .iter()
+        .filter(|w| w[0].starts_with("--") && w[1] != "OUT" && w[1] != "CONFIG_WITH_OUT");
     for w in options_with_paths {
         let path = Path::new(&w[1]);
         if w[0] == "--demo" {
@@ -367,17 +384,22 @@ fn every_output_refuses_inputs_and_files_of_the_users() {
         "{unknown:?} name paths: list each among this test's INPUTS, or among its outputs \
          (guarded by xtoken_train::output) with a command line to try it"
     );
+    let configs = s.root.with_extension("configs");
+    std::fs::create_dir_all(&configs).unwrap();
     let mut tried = 0;
     for (option, args) in &outputs {
         for target in targets(&s, args) {
+            let config = configs.join(format!("{tried}.toml"));
+            let text = std::fs::read_to_string(s.root.join("run.toml")).unwrap();
+            let line = text.lines().next().unwrap();
+            let text = text.replacen(line, &format!("output_dir = {target:?}"), 1);
+            std::fs::write(&config, text).unwrap();
             let line: Vec<String> = args
                 .iter()
-                .map(|a| {
-                    if a == "OUT" {
-                        target.clone()
-                    } else {
-                        a.clone()
-                    }
+                .map(|a| match a.as_str() {
+                    "OUT" => target.clone(),
+                    "CONFIG_WITH_OUT" => config.display().to_string(),
+                    _ => a.clone(),
                 })
                 .collect();
             let before = snapshot(&s.root);
@@ -400,7 +422,8 @@ fn every_output_refuses_inputs_and_files_of_the_users() {
             tried += 1;
         }
     }
-    assert!(tried > 80, "{tried} refusals tried");
+    assert!(tried > 100, "{tried} refusals tried");
     eprintln!("{tried} refusals tried");
     std::fs::remove_dir_all(&s.root).ok();
+    std::fs::remove_dir_all(&configs).ok();
 }

@@ -16,6 +16,8 @@ use clap::Parser;
 use cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    // Under an address-space limit alone (`ulimit -v`) nothing is counted: the allocation the
+    // system refuses ends the process by name (`bench::alloc`).
     match xtoken_train::train::memory::cap() {
         Ok(Some(bytes)) => bench::alloc::cap(bytes),
         Ok(None) => {}

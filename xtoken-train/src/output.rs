@@ -54,7 +54,8 @@ impl Inputs {
     /// an existing output that is not `own`'s; nothing is written.
     pub fn check(&self, out: &Path, own: &Own) -> Result<()> {
         self.refuse(out)?;
-        own.check(out)
+        own.check(out)?;
+        own.check_above(out)
     }
 
     /// Refuses `out` when it is one of the inputs, holds one, or lies inside one.
@@ -145,6 +146,18 @@ pub enum Own<'a> {
     /// A work directory a command makes and reuses: new, empty, or holding the marker file
     /// [`WORK_MARKER`] that [`claim_work_dir`] leaves.
     WorkDir,
+    /// A directory a command fills over time and comes back to (a training run's): new, empty,
+    /// one `recognized` as the command's own, or holding nothing but entries `leftover` accepts
+    /// (what an attempt that failed keeps for the next one). It may not lie inside a directory
+    /// `recognized` as the command's own either: that one's files are not this output's.
+    Tree {
+        /// Who writes it ("a training run").
+        what: &'a str,
+        /// Whether a directory is one the command wrote.
+        recognized: fn(&Path) -> bool,
+        /// Whether an entry of a directory not recognized is what a failed attempt left.
+        leftover: fn(&Path) -> bool,
+    },
 }
 
 /// The file that marks a directory as a work directory of xtoken's own.
@@ -191,8 +204,70 @@ impl Own<'_> {
                 Ok(())
             }
             Own::WorkDir => check_work_dir(out, &meta),
+            Own::Tree {
+                what,
+                recognized,
+                leftover,
+            } => check_tree(out, &meta, what, *recognized, *leftover),
         }
     }
+
+    /// Refuses `out` when an existing directory above it is the command's own (an [`Own::Tree`]
+    /// `recognized`); other kinds of output need no look upwards.
+    fn check_above(&self, out: &Path) -> Result<()> {
+        let Own::Tree {
+            what, recognized, ..
+        } = self
+        else {
+            return Ok(());
+        };
+        for above in crate::paths::directories_above(out) {
+            if recognized(&above) {
+                return Err(refusal(
+                    out,
+                    &format!(
+                        "it lies inside {}, the directory of {what}, whose files are that \
+                         one's",
+                        above.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_tree(
+    out: &Path,
+    meta: &std::fs::Metadata,
+    what: &str,
+    recognized: fn(&Path) -> bool,
+    leftover: fn(&Path) -> bool,
+) -> Result<()> {
+    if !meta.is_dir() {
+        return Err(refusal(
+            out,
+            &format!("a file is there; {what} writes a directory"),
+        ));
+    }
+    if recognized(out) {
+        return Ok(());
+    }
+    let listing = std::fs::read_dir(out).with_context(|| format!("listing {}", out.display()))?;
+    for entry in listing {
+        let entry = entry.with_context(|| format!("listing {}", out.display()))?;
+        if !leftover(&entry.path()) {
+            return Err(refusal(
+                out,
+                &format!(
+                    "it holds {}, which {what} did not write; its directory is new, empty, or \
+                     one it wrote earlier",
+                    entry.file_name().to_string_lossy()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn refusal(out: &Path, why: &str) -> Error {

@@ -41,6 +41,20 @@ pub fn lies_within(inner: &Path, outer: &Path) -> bool {
     resolved.is_some_and(|path| path.ancestors().any(|a| identity(a) == Some(target)))
 }
 
+/// The existing directories strictly above `path`, nearest first, resolved through every
+/// symbolic link (a relative path is taken from the working directory).
+pub fn directories_above(path: &Path) -> Vec<std::path::PathBuf> {
+    let absolute = std::env::current_dir()
+        .map(|cwd| cwd.join(path))
+        .unwrap_or_else(|_| path.to_path_buf());
+    let Some(parent) = absolute.parent() else {
+        return Vec::new();
+    };
+    let existing = parent.ancestors().find(|p| p.is_dir());
+    let resolved = existing.map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()));
+    resolved.map_or_else(Vec::new, |p| p.ancestors().map(Path::to_path_buf).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -169,13 +169,15 @@ proptest! {
                 Tensor::from_primitive(TensorPrimitive::Float(y))
             }
         });
-        // Both f32, in other orders: each within its rounding of the f64 gradients.
+        // Both f32, in other orders: each within its rounding of the f64 gradients. burn's
+        // composition rounds more (its reductions' order follows the CPU's vector width: up to
+        // 1.2e-4 of the terms on an AVX2 EPYC, under 1e-4 with AVX-512); ours keeps 2e-5 below.
         let (dx, dgamma, terms) = rms_grad_reference(&x, &gamma, eps, &upstream);
-        for grads in [&fused, &burn] {
-            within("∂x", &grads[0], &dx, 1e-4 * terms);
+        for (which, grads, bound) in [("fused", &fused, 1e-4), ("burn", &burn, 3e-4)] {
+            within(&format!("∂x ({which})"), &grads[0], &dx, bound * terms);
             close("∂γ", &grads[1], &dgamma, 1e-4);
         }
-        within("∂x (fused)", &fused[0], &dx, 2e-5 * terms);
+        within("∂x (fused, tight)", &fused[0], &dx, 2e-5 * terms);
     }
 
     #[test]

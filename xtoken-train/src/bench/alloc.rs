@@ -68,31 +68,61 @@ impl Write for Fixed {
     }
 }
 
-/// Ends the process: the heap reached `now` bytes with an allocation of `bytes`, past the cap.
-/// The message is written without allocating or taking a lock; the cleanup after it allocates
-/// (unchecked once `ENDING` is set) and takes no lock it would wait for.
-fn over_cap(now: usize, bytes: usize) -> ! {
-    let mut message = Fixed {
-        buffer: [0; 512],
-        len: 0,
-    };
-    let gb = |b: usize| b as f64 / 1e9;
-    let (size, unit, decimals) = match bytes {
+/// Bytes with a unit a person reads (no allocation).
+fn readable(bytes: usize) -> (f64, &'static str, usize) {
+    match bytes {
         b if b >= 1 << 30 => (b as f64 / 1e9, "GB", 1),
         b if b >= 1 << 20 => (b as f64 / 1e6, "MB", 1),
         b if b >= 1 << 10 => (b as f64 / 1e3, "kB", 1),
         b => (b as f64, "bytes", 0),
+    }
+}
+
+/// Ends the process: the heap reached `now` bytes with an allocation of `bytes`, past the cap.
+fn over_cap(now: usize, bytes: usize) -> ! {
+    let (size, unit, decimals) = readable(bytes);
+    let gb = |b: usize| b as f64 / 1e9;
+    end_out_of_memory(|message| {
+        writeln!(
+            message,
+            "error: out of memory: an allocation of {size:.decimals$} {unit} brings the heap to \
+             {:.3} GB, past the {:.3} GB cap {} sets; lower training.micro_batch or \
+             training.context_length (see `xtoken train --check`)",
+            gb(now),
+            gb(CAP.load(Ordering::Relaxed)),
+            xtoken_train::train::memory::CAP_VARIABLE
+        )
+    })
+}
+
+/// Ends the process: the system refused an allocation of `bytes` (the address space the
+/// process may take, `ulimit -v`, or the machine's memory is used up), which would otherwise
+/// abort it with its lock and temporary files left behind.
+fn refused(bytes: usize) {
+    if ENDING.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let (size, unit, decimals) = readable(bytes);
+    end_out_of_memory(|message| {
+        writeln!(
+            message,
+            "error: out of memory: the system refused an allocation of {size:.decimals$} {unit} \
+             (the process's address-space limit, `ulimit -v`, or the machine's memory is used \
+             up); lower training.micro_batch or training.context_length (see `xtoken train \
+             --check`)"
+        )
+    })
+}
+
+/// Writes the message `write` formats (without allocating or taking a lock), names the
+/// longest document, removes what Ctrl-C removes and ends the process with status 1. The
+/// allocations the cleanup makes go through unchecked (`ENDING` is set).
+fn end_out_of_memory(write: impl FnOnce(&mut Fixed) -> std::io::Result<()>) -> ! {
+    let mut message = Fixed {
+        buffer: [0; 512],
+        len: 0,
     };
-    let _ = writeln!(
-        message,
-        "error: out of memory: an allocation of {size:.decimals$} {unit} brings the heap to \
-         {:.3} GB, \
-         past the {:.3} GB cap {} sets; lower training.micro_batch or training.context_length \
-         (see `xtoken train --check`)",
-        gb(now),
-        gb(CAP.load(Ordering::Relaxed)),
-        xtoken_train::train::memory::CAP_VARIABLE
-    );
+    let _ = write(&mut message);
     // SAFETY: a plain write(2) of an initialized buffer to standard error (no lock, no
     // allocation).
     unsafe {
@@ -123,16 +153,18 @@ fn shrank(bytes: usize) {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            grew(layout.size());
+        match ptr.is_null() {
+            true => refused(layout.size()),
+            false => grew(layout.size()),
         }
         ptr
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         let ptr = unsafe { System.alloc_zeroed(layout) };
-        if !ptr.is_null() {
-            grew(layout.size());
+        match ptr.is_null() {
+            true => refused(layout.size()),
+            false => grew(layout.size()),
         }
         ptr
     }
@@ -144,7 +176,9 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let out = unsafe { System.realloc(ptr, layout, new_size) };
-        if !out.is_null() {
+        if out.is_null() {
+            refused(new_size);
+        } else {
             if new_size >= layout.size() {
                 grew(new_size - layout.size());
             } else {

@@ -20,6 +20,7 @@ use xtoken_train::config::DeviceKind;
 use xtoken_train::observe::profile::{self, HostMemory, Phase, StepProfile};
 use xtoken_train::observe::roofline::{Limits, StepShape, TeacherShape};
 use xtoken_train::output::{claim_work_dir, json_has, write_file, Inputs, Own};
+use xtoken_train::train::preflight::remove_run;
 use xtoken_train::{Run, RunConfig, RunOptions};
 
 use super::alloc;
@@ -371,7 +372,7 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     for variant in args.variants() {
         let run_dir = work.join(format!("run-{}-{}", variant.scope, variant.compute));
-        std::fs::remove_dir_all(&run_dir).ok();
+        remove_run(&run_dir)?;
         let config = RunConfig::parse(&config_text(&args, &work, &run_dir, &variant))?;
         let kind = config.device.parse()?;
         let steps = Steps {
@@ -551,9 +552,9 @@ fn stored_runs(args: &TrainBenchArgs, work: &Path, rows: &[(Variant, Timed)]) ->
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for dtype in &args.stored {
         let store = work.join(format!("store-{dtype}"));
-        std::fs::remove_dir_all(&store).ok();
+        remove_store(&store)?;
         let run_dir = work.join(format!("run-stored-{dtype}"));
-        std::fs::remove_dir_all(&run_dir).ok();
+        remove_run(&run_dir)?;
         let online_text = config_text(args, work, &run_dir, variant);
         let teach_text = format!(
             "{online_text}\n[teach]\ntop_k = {}\ndtype = {dtype:?}\n",
@@ -590,6 +591,39 @@ fn stored_runs(args: &TrainBenchArgs, work: &Path, rows: &[(Variant, Timed)]) ->
             stored_s / online_s.max(1e-12)
         );
     }
+    Ok(())
+}
+
+/// Removes the stores an earlier `--stored` run wrote under `dir` (one directory per teacher:
+/// its manifest, the teacher's config.json and tokenizer.json, and its shards' files) and
+/// nothing else: a file of the user's there stays, and `xtoken teach` then refuses the
+/// directory, naming it.
+fn remove_store(dir: &Path) -> Result<()> {
+    let Ok(teachers) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for teacher in teachers.flatten().map(|e| e.path()) {
+        if !teacher.join(xtoken_train::targets::MANIFEST).is_file() {
+            continue;
+        }
+        let shards = teacher.join("shards");
+        for file in std::fs::read_dir(&shards).into_iter().flatten().flatten() {
+            let name = file.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".xtt") || name.contains(".xtt.xtoken-tmp-") {
+                std::fs::remove_file(file.path())?;
+            }
+        }
+        std::fs::remove_dir(&shards).ok();
+        for name in [
+            xtoken_train::targets::MANIFEST,
+            "config.json",
+            "tokenizer.json",
+        ] {
+            std::fs::remove_file(teacher.join(name)).ok();
+        }
+        std::fs::remove_dir(&teacher).ok();
+    }
+    std::fs::remove_dir(dir).ok();
     Ok(())
 }
 

@@ -84,16 +84,7 @@ fn own() -> Own<'static> {
 
 pub fn run(args: EvalArgs) -> Result<()> {
     let kind: DeviceKind = args.device.parse()?;
-    let mut names: Vec<&str> = Vec::new();
-    for name in args.tasks.iter().map(|n| n.trim()) {
-        if !names.contains(&name) {
-            names.push(name);
-        }
-    }
-    let tasks = names
-        .into_iter()
-        .map(tasks::named)
-        .collect::<Result<Vec<_>, _>>()?;
+    let tasks = tasks::distinct(&args.tasks)?;
     let evaluate = |samples: Option<PathBuf>| {
         let args = args.clone();
         on_backend(

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
+use xtoken_train::config::DeviceKind;
 use xtoken_train::train::launch::{train_on, Devices};
 use xtoken_train::train::preflight::{check_on, Target};
 use xtoken_train::train::resume::Extension;
@@ -34,7 +35,8 @@ pub struct TrainArgs {
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<usize>,
     /// With --resume, train on although the data's shards changed since the checkpoint
-    /// (rewritten, truncated, added or removed); without it that is an error naming them.
+    /// (rewritten, truncated, added or removed); with stored teacher targets, although the data
+    /// differs from what they were written from. Without it that is an error naming them.
     #[arg(long)]
     pub allow_data_change: bool,
     /// Read and check everything the run needs (configuration, models' configurations and
@@ -49,6 +51,14 @@ pub struct TrainArgs {
 }
 
 fn bytes(text: &str) -> Result<u64, String> {
+    let zero = text
+        .trim()
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic() || c == ' ')
+        .parse::<f64>()
+        .is_ok_and(|n| n == 0.0);
+    if zero {
+        return Err(format!("{text:?}: a device's memory is more than 0 bytes"));
+    }
     xtoken_train::train::memory::parse_bytes(text).ok_or_else(|| {
         format!("{text:?}: expected bytes, or a number with KB, MB, GB, KiB, MiB or GiB")
     })
@@ -56,12 +66,20 @@ fn bytes(text: &str) -> Result<u64, String> {
 
 /// Runs `xtoken train`.
 pub fn run(args: TrainArgs) -> Result<()> {
-    let mut config = RunConfig::load(&args.config)?;
+    // `--check` validates the values itself, to list them beside every other failure.
+    let mut config = match args.check {
+        true => RunConfig::load_unchecked(&args.config)?,
+        false => RunConfig::load(&args.config)?,
+    };
     // The device decides what `auto` dtypes mean (f32 on `cpu`, bf16 on `flex`).
     if let Some(device) = args.device {
         config.device = device;
     }
-    let kind = config.device.parse()?;
+    // An unknown device is among the values `--check` lists.
+    let kind = match (args.check, config.device.parse()) {
+        (true, Err(_)) => DeviceKind::Cpu,
+        (_, kind) => kind?,
+    };
     let devices = Devices::placed(kind, args.devices)?;
     let options = RunOptions {
         resume: args.resume,

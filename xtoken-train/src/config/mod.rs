@@ -54,8 +54,10 @@ pub struct RunConfig {
     #[serde(default = "defaults::seed")]
     pub seed: u64,
     /// `cpu` (burn-flex, `auto` dtypes f32), `flex` (burn-flex, `auto` dtypes bf16), `ndarray`
-    /// (burn's ndarray), `cuda` or `wgpu`; `--device` overrides it.
-    #[serde(default = "defaults::device")]
+    /// (burn's ndarray), `cuda` or `wgpu`; `--device` overrides it. A run directory's
+    /// `run.toml` leaves it out (a run may resume on another device), so that it reads as the
+    /// default.
+    #[serde(default = "defaults::device", skip_serializing_if = "String::is_empty")]
     pub device: String,
     /// `[student]`.
     pub student: StudentConfig,
@@ -661,15 +663,16 @@ impl TrainingConfig {
                 t.context_length
             ))));
         }
-        f.note(positive("training.lr", t.lr));
+        let lr = f.note(positive("training.lr", t.lr));
         if !(0.0..1.0).contains(&t.warmup) {
             f.note::<()>(Err(Error::Config(format!(
                 "training.warmup = {}: must be a fraction in [0, 1)",
                 t.warmup
             ))));
         }
-        f.note(non_negative("training.min_lr", t.min_lr));
-        if t.min_lr > t.lr {
+        let min_lr = f.note(non_negative("training.min_lr", t.min_lr));
+        // Compared only when both are valid: a bad lr is named once, not again through min_lr.
+        if lr.and(min_lr).is_some() && t.min_lr > t.lr {
             f.note::<()>(Err(Error::Config(format!(
                 "training.min_lr = {}: must not exceed training.lr = {}",
                 t.min_lr, t.lr
@@ -726,7 +729,7 @@ impl RunConfig {
     }
 
     /// Reads a run directory's `run.toml`, written with the device left out (a run may resume
-    /// on another): it is read as `cpu`.
+    /// on another): it is read as `cpu`. Earlier builds wrote `device = ""`, read the same way.
     pub fn load_saved(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read the run configuration", path.display()))?;
@@ -739,6 +742,14 @@ impl RunConfig {
             .validate()
             .with_context(|| format!("{}", path.display()))?;
         Ok(config)
+    }
+
+    /// Reads a configuration file without validating its values, for `train --check`, which
+    /// lists bad values beside every other failure ([`RunConfig::validate`]).
+    pub fn load_unchecked(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read the run configuration", path.display()))?;
+        toml::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
     }
 
     /// Parses and validates a configuration text; relative paths stay relative to the working

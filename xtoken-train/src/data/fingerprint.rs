@@ -25,6 +25,10 @@ pub struct ShardPrint {
     pub modified_ns: u64,
     /// xxh3-64 of its first and last MiB, in hex.
     pub ends_xxh3: String,
+    /// xxh3-64 of all its bytes, in hex, where recorded (a store's manifest): a shard whose
+    /// time or path changed is then the same data when its content is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_xxh3: Option<String>,
 }
 
 /// The fingerprints of every shard of `sources`, in order.
@@ -68,7 +72,67 @@ pub fn of_file(path: &Path) -> Result<ShardPrint> {
         bytes,
         modified_ns,
         ends_xxh3: format!("{:016x}", hasher.digest()),
+        content_xxh3: None,
     })
+}
+
+/// The fingerprint of one file with the hash of all its bytes (read once, streamed).
+pub fn of_file_with_content(path: &Path) -> Result<ShardPrint> {
+    Ok(ShardPrint {
+        content_xxh3: Some(content_xxh3(path)?),
+        ..of_file(path)?
+    })
+}
+
+/// xxh3-64 of all the bytes of `path`, in hex.
+fn content_xxh3(path: &Path) -> Result<String> {
+    let at = || format!("{}: hashing the shard", path.display());
+    let mut file = std::fs::File::open(path).with_context(at)?;
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut buffer = vec![0u8; 8 << 20];
+    loop {
+        let n = file.read(&mut buffer).with_context(at)?;
+        if n == 0 {
+            return Ok(format!("{:016x}", hasher.digest()));
+        }
+        hasher.update(&buffer[..n]);
+    }
+}
+
+/// What differs between the shards a store was written from (`recorded`, with their content
+/// hashes) and the run's shards `now`, taken in order: a shard is the same when its size, ends
+/// and time are, or, where only its time or path changed (touched, copied, moved), when all its
+/// bytes hash as they did. One line per changed, added or missing shard.
+pub fn content_changes(recorded: &[ShardPrint], now: &[ShardPrint]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for (was, is) in recorded.iter().zip(now) {
+        let ends = is.bytes == was.bytes && is.ends_xxh3 == was.ends_xxh3;
+        if ends && is.modified_ns == was.modified_ns && is.path == was.path {
+            continue;
+        }
+        if let (true, Some(content)) = (ends, &was.content_xxh3) {
+            if &content_xxh3(Path::new(&is.path))? == content {
+                continue;
+            }
+        }
+        let mut what = Vec::new();
+        if is.path != was.path {
+            what.push(format!("in place of {}", was.path));
+        }
+        if is.bytes != was.bytes {
+            what.push(format!("{} bytes where {} were", is.bytes, was.bytes));
+        } else {
+            what.push("other bytes".to_string());
+        }
+        out.push(format!("{} changed ({})", is.path, what.join(", ")));
+    }
+    for was in recorded.iter().skip(now.len()) {
+        out.push(format!("{} is missing", was.path));
+    }
+    for is in now.iter().skip(recorded.len()) {
+        out.push(format!("{} was added", is.path));
+    }
+    Ok(out)
 }
 
 /// What differs between the shards a checkpoint recorded and those found now, one line per

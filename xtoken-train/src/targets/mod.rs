@@ -40,8 +40,12 @@ use shard::f32_at;
 
 pub use crate::data::TeacherSpan;
 
-/// The store format this build writes and reads.
-pub const FORMAT: u32 = 1;
+/// The store format this build writes and reads (2: the manifest's checksum, the shards'
+/// temperature).
+pub const FORMAT: u32 = 2;
+
+/// The manifest's field holding the xxh3-64 of the rest of it.
+const CHECKSUM: &str = "checksum";
 
 /// The manifest's file name in a teacher's store directory.
 pub const MANIFEST: &str = "manifest.json";
@@ -169,7 +173,8 @@ impl Manifest {
         shard::POSITION_BYTES + 4 * top_k + dtype.value_bytes(top_k)
     }
 
-    /// Reads `dir/manifest.json`.
+    /// Reads `dir/manifest.json` and checks its checksum: a manifest edited or damaged since
+    /// `xtoken teach` wrote it is refused, never believed.
     pub fn read(dir: &Path) -> Result<Self> {
         let path = dir.join(MANIFEST);
         let text = std::fs::read_to_string(&path).with_context(|| {
@@ -178,24 +183,53 @@ impl Manifest {
                 path.display()
             )
         })?;
-        let manifest: Self = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a manifest of stored targets", path.display()))?;
-        if manifest.format != FORMAT {
+        let not_one = || format!("{}: not a manifest of stored targets", path.display());
+        let mut value: serde_json::Value = serde_json::from_str(&text).with_context(not_one)?;
+        let format = value.get("format").and_then(serde_json::Value::as_u64);
+        if format != Some(FORMAT as u64) {
             return Err(Error::Targets(format!(
-                "{}: format {} of stored targets, this build reads format {FORMAT}",
+                "{}: format {} of stored targets, this build reads format {FORMAT}; write them \
+                 again with `xtoken teach`",
                 path.display(),
-                manifest.format
+                format.map_or("unknown".into(), |f| f.to_string())
             )));
         }
-        Ok(manifest)
+        let stored = value
+            .as_object_mut()
+            .and_then(|map| map.remove(CHECKSUM))
+            .and_then(|c| c.as_str().map(String::from));
+        if stored.as_deref() != Some(checksum(&value)?.as_str()) {
+            return Err(Error::Targets(format!(
+                "{}: its checksum does not match its content (edited or damaged since `xtoken \
+                 teach` wrote it); the targets cannot be trusted to be what it says, write them \
+                 again",
+                path.display()
+            )));
+        }
+        serde_json::from_value(value).with_context(not_one)
     }
 
-    /// Writes `dir/manifest.json` (under a temporary name, then renamed).
+    /// Writes `dir/manifest.json` with the checksum of its content (under a temporary name,
+    /// then renamed).
     pub fn write(&self, dir: &Path) -> Result<()> {
         let path = dir.join(MANIFEST);
-        let text = serde_json::to_string_pretty(self)?;
+        let mut value = serde_json::to_value(self)?;
+        let sum = checksum(&value)?;
+        if let Some(map) = value.as_object_mut() {
+            map.insert(CHECKSUM.into(), sum.into());
+        }
+        let text = serde_json::to_string_pretty(&value)?;
         crate::output::write_file(&path, |tmp| Ok(std::fs::write(tmp, text)?))
     }
+}
+
+/// xxh3-64 of a manifest's compact JSON without its checksum, in hex.
+fn checksum(value: &serde_json::Value) -> Result<String> {
+    let text = serde_json::to_string(value)?;
+    Ok(format!(
+        "{:016x}",
+        xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+    ))
 }
 
 #[cfg(test)]
@@ -253,7 +287,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("xtoken-shard-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("00000-00000.xtt");
-        let mut writer = ShardWriter::new(5, ValueDtype::F32);
+        let mut writer = ShardWriter::new(5, ValueDtype::F32, 1.0);
         let docs: Vec<Vec<u32>> = vec![vec![3, 1, 4], vec![], vec![1, 5, 9, 2, 6]];
         for (i, ids) in docs.iter().enumerate() {
             writer.push(ids, &targets(ids.len(), 5, i as u32)).unwrap();

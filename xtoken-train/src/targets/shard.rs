@@ -1,4 +1,5 @@
-//! One shard file of stored targets: a header, one record per document, an index of the
+//! One shard file of stored targets: a header (entries per position, the values' dtype and the
+//! temperature they were tempered with), one record per document, an index of the
 //! documents, and a footer with the data shard and piece it covers and an xxh3 checksum of
 //! everything before it. Little-endian throughout.
 //!
@@ -14,9 +15,10 @@ use xtoken_kernels::host::PositionTargets;
 use crate::config::ValueDtype;
 use crate::error::{Context, Error, Result};
 
-const HEAD: &[u8; 8] = b"XTTSHRD1";
-const TAIL: &[u8; 8] = b"XTTSEND1";
-const HEADER_BYTES: usize = 16;
+const HEAD: &[u8; 8] = b"XTTSHRD2";
+const TAIL: &[u8; 8] = b"XTTSEND2";
+/// magic, k (u32), dtype (u8), 3 bytes of padding, temperature (f64).
+const HEADER_BYTES: usize = 24;
 /// index offset, documents, data shard, piece, last, checksum, magic.
 const FOOTER_BYTES: usize = 56;
 const INDEX_ENTRY_BYTES: usize = 24;
@@ -37,8 +39,8 @@ pub struct ShardWriter {
 }
 
 impl ShardWriter {
-    /// An empty shard of `k` entries per position in `dtype`.
-    pub fn new(k: usize, dtype: ValueDtype) -> Self {
+    /// An empty shard of `k` entries per position in `dtype`, tempered at `temperature`.
+    pub fn new(k: usize, dtype: ValueDtype, temperature: f64) -> Self {
         let mut body = Vec::with_capacity(1 << 20);
         body.extend_from_slice(HEAD);
         body.extend_from_slice(&(k as u32).to_le_bytes());
@@ -48,6 +50,7 @@ impl ShardWriter {
             ValueDtype::Q8 => 2,
         });
         body.extend_from_slice(&[0; 3]);
+        body.extend_from_slice(&temperature.to_le_bytes());
         Self {
             k,
             dtype,
@@ -157,6 +160,8 @@ pub struct ShardReader {
     pub k: usize,
     /// The values' encoding.
     pub dtype: ValueDtype,
+    /// τ its values were tempered with.
+    pub temperature: f64,
     /// The data shard it covers (its place in `data.path`'s expansion).
     pub data_shard: usize,
     /// Its piece of that data shard.
@@ -200,6 +205,12 @@ impl ShardReader {
             ))
         };
         let len = map.len();
+        if len >= 8 && map[..7] == HEAD[..7] && map[7] != HEAD[7] {
+            return Err(Error::Targets(format!(
+                "{}: a shard of another store format; write the store again with `xtoken teach`",
+                path.display()
+            )));
+        }
         if len < HEADER_BYTES + FOOTER_BYTES || &map[..8] != HEAD || &map[len - 8..] != TAIL {
             return Err(damaged("no shard header or footer"));
         }
@@ -240,6 +251,7 @@ impl ShardReader {
             path: path.to_path_buf(),
             k,
             dtype,
+            temperature: f64::from_bits(u64_at(&map, 16)),
             data_shard: u64_at(&map, foot + 16) as usize,
             piece: u64_at(&map, foot + 24) as usize,
             last: u64_at(&map, foot + 32) != 0,

@@ -58,6 +58,9 @@ impl Store {
             .par_iter()
             .map(|f| ShardReader::open(f))
             .collect::<Result<_>>()?;
+        for shard in &shards {
+            held_as_manifest(shard, &manifest)?;
+        }
         let store = Self {
             dir: dir.to_path_buf(),
             docs: index(&shards),
@@ -117,13 +120,16 @@ impl Store {
 
     /// Checks that these targets serve a run: the run's teacher tokenizer (`teacher`, logits
     /// `vocab` wide) is the one they were written with, its temperature theirs, its top-K at
-    /// most theirs, and its data the data they were written from.
+    /// most theirs, and its data the data they were written from (by content, wherever it now
+    /// lies; with `allow_data_change`, other data is logged, and a document of it that the store
+    /// lacks is an error when a step meets it).
     pub fn check_run(
         &self,
         teacher: &Vocabulary,
         vocab: usize,
         params: &LossParams,
         data: &[ShardPrint],
+        allow_data_change: bool,
     ) -> Result<()> {
         let m = &self.manifest;
         let at = self.dir.display();
@@ -153,12 +159,19 @@ impl Store {
                 m.top_k
             )));
         }
-        let changes = fingerprint::changes(&m.data, data);
-        if !changes.is_empty() {
+        let changes = fingerprint::content_changes(&m.data, data)?;
+        if changes.is_empty() {
+            return Ok(());
+        }
+        if !allow_data_change {
             return Err(Error::Targets(format!(
-                "{at}: written from other data than the run's data.path: {}",
+                "{at}: written from other data than the run's data.path: {}; restore it, write \
+                 the targets again, or pass --allow-data-change to train on the data as it is now",
                 changes.join("; ")
             )));
+        }
+        for change in &changes {
+            tracing::warn!("--allow-data-change: {at}: {change}");
         }
         Ok(())
     }
@@ -343,6 +356,32 @@ impl<'a> Rows<'a> {
             positions: count,
         }
     }
+}
+
+/// Refuses a shard whose own header disagrees with the manifest on what it holds: its top-K,
+/// dtype or temperature.
+fn held_as_manifest(shard: &ShardReader, m: &Manifest) -> Result<()> {
+    let mut wrong = Vec::new();
+    if shard.k != m.top_k {
+        wrong.push(format!("top_k {} (the manifest: {})", shard.k, m.top_k));
+    }
+    if shard.dtype != m.dtype {
+        let (a, b) = (shard.dtype.name(), m.dtype.name());
+        wrong.push(format!("dtype {a} (the manifest: {b})"));
+    }
+    if shard.temperature != m.temperature {
+        let (a, b) = (shard.temperature, m.temperature);
+        wrong.push(format!("temperature {a} (the manifest: {b})"));
+    }
+    if wrong.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Targets(format!(
+        "{}: the shard holds {}; the store's manifest does not describe its shards, write the \
+         targets again",
+        shard.path().display(),
+        wrong.join(", ")
+    )))
 }
 
 /// Every document's place, by key (a document stored twice keeps its first place).

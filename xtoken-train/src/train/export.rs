@@ -106,6 +106,17 @@ pub fn check_target(config: &RunConfig, out: &Path) -> Result<()> {
     export_inputs(config).check(out, &export_own(config)?)
 }
 
+/// What a run reads: its model directories (or stores), tokenizers, training and held-out data.
+pub fn run_inputs(config: &RunConfig) -> Inputs {
+    let mut inputs = export_inputs(config);
+    if let Some(path) = config.eval.as_ref().and_then(|e| e.path.as_ref()) {
+        for data in path.entries() {
+            inputs.add("the held-out data", data.clone());
+        }
+    }
+    inputs
+}
+
 /// What the run behind an export reads: its model directories, tokenizers and training data.
 fn export_inputs(config: &RunConfig) -> Inputs {
     let mut inputs = Inputs::new()

@@ -72,6 +72,8 @@ impl Devices {
 /// # Ok::<(), xtoken_train::Error>(())
 /// ```
 pub fn train_on(config: RunConfig, options: &RunOptions, devices: &Devices) -> Result<RunSummary> {
+    // Before anything is written: `--check` refuses the same.
+    crate::backend::check_device(&config, devices.kind)?;
     let job = TrainJob {
         config,
         options,

@@ -81,6 +81,11 @@ impl MemoryEstimate {
                 "the longest document, held whole once aligned (split it into smaller records)",
             ),
         ];
+        // On a GPU the inputs and documents are in host memory, no part of the device's.
+        let parts = match self.on_host {
+            true => &parts[..],
+            false => &parts[..4],
+        };
         parts
             .iter()
             .max_by_key(|(bytes, _)| *bytes)
@@ -156,13 +161,28 @@ pub fn estimate_shapes(
     })
 }
 
-/// Host bytes a document of `tokens` student tokens takes once aligned with `teachers`
-/// teachers: its ids, its text's pieces and each teacher's ids and chunks, about 40 bytes per
-/// token and side (measured: a 15 MB document of Llama-3.2 tokens aligned with Qwen3's raised a
-/// run's peak by 226 MB, 75 bytes per student token).
-pub fn document_bytes(tokens: u64, teachers: usize) -> u64 {
-    tokens * 40 * (1 + teachers as u64)
+/// Host bytes a document of `bytes` bytes and `tokens` tokens (the student's and every
+/// teacher's together) adds to a run's peak: what is held once it is aligned (its text, every
+/// side's ids and chunks: [`DOCUMENT_TOKEN_BYTES`] a token), and the work of aligning one
+/// piece of it ([`PIECE_TOKEN_BYTES`] a token of the piece: the tokenizers' encodings and the
+/// alignment's band), which grows with the tokens a piece holds, not with the document.
+pub fn document_bytes(bytes: u64, tokens: u64) -> u64 {
+    let piece = crate::data::pipeline::PIECE_BYTES as u64;
+    let piece_tokens = tokens * bytes.min(piece) / bytes.max(1);
+    tokens * DOCUMENT_TOKEN_BYTES + piece_tokens * PIECE_TOKEN_BYTES
 }
+
+/// Host bytes a long document holds per token of any side once aligned. Measured
+/// (BENCHMARKS.md, "The longest document's memory"): one-line documents of 7.2 and 28.7 MB of
+/// English words, Llama-3.2's tokens aligned with Qwen3's, raised a run's peak resident memory
+/// by 437 MB and 1,032 MB over a run of short documents; the difference, 595 MB for 10.6 M
+/// more tokens, is 56 bytes a token.
+pub const DOCUMENT_TOKEN_BYTES: u64 = 60;
+
+/// Host bytes the alignment of one piece of a long document takes per token of the piece
+/// (every side's): the rest of those rises, 237 MB for pieces of 0.5 M tokens, and 548 MB for
+/// pieces of 1.5 M tokens of symbols and digits (370–460 bytes a token).
+pub const PIECE_TOKEN_BYTES: u64 = 460;
 
 /// The longest row a micro-batch can hold: `context_length` rounded up to the multiple its
 /// rows are padded to (`training.length_multiple`; 0: the device's, 128 on CUDA and wgpu).
@@ -249,9 +269,11 @@ pub fn check_fits(m: &MemoryEstimate, free: Option<u64>, seen: &str) -> Result<(
         ),
         false => (free, "the device has free".to_string()),
     };
-    if let Some(cap) = cap()? {
-        if limit.0.is_none_or(|have| cap <= have) {
-            limit = (Some(cap), format!("cap {CAP_VARIABLE} sets"));
+    if let Some((cap, whose)) = host_limit()? {
+        // The address space bounds host memory only; a GPU's is its own.
+        let applies = m.on_host || whose == CAP_WHOSE;
+        if applies && limit.0.is_none_or(|have| cap <= have) {
+            limit = (Some(cap), whose.to_string());
         }
     }
     let (limit, whose) = limit;
@@ -267,12 +289,43 @@ pub fn check_fits(m: &MemoryEstimate, free: Option<u64>, seen: &str) -> Result<(
     }
 }
 
-/// Bytes as a person reads them: GB with one decimal, MB below a gigabyte.
-fn size(bytes: u64) -> String {
+/// Bytes as a person reads them: GB, MB or kB with one decimal, bytes below a kilobyte.
+pub fn size(bytes: u64) -> String {
     match bytes {
         b if b >= 1_000_000_000 => format!("{:.1} GB", b as f64 / 1e9),
-        b => format!("{:.1} MB", b as f64 / 1e6),
+        b if b >= 1_000_000 => format!("{:.1} MB", b as f64 / 1e6),
+        b if b >= 1_000 => format!("{:.1} kB", b as f64 / 1e3),
+        b => format!("{b} bytes"),
     }
+}
+
+/// How the cap [`CAP_VARIABLE`] is named in messages.
+const CAP_WHOSE: &str = "cap XTOKEN_MEMORY_CAP sets";
+
+/// The most host memory this process may take, and what sets it: [`CAP_VARIABLE`], else the
+/// address-space limit (`ulimit -v`), so that a run under such a limit is refused or ended by
+/// name instead of aborting inside the allocator.
+pub fn host_limit() -> Result<Option<(u64, &'static str)>> {
+    if let Some(cap) = cap()? {
+        return Ok(Some((cap, CAP_WHOSE)));
+    }
+    Ok(address_space_limit().map(|bytes| (bytes, "address-space limit (ulimit -v) allows")))
+}
+
+/// The soft limit of this process's address space, when one is set.
+fn address_space_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the limit into the struct it is given.
+        let rc = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) };
+        (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur as u64)
+    }
+    #[cfg(not(unix))]
+    None
 }
 
 /// The cap [`CAP_VARIABLE`] sets, in bytes; `None` when it is unset.

@@ -17,6 +17,7 @@ use crate::data::packer::PROMPTLESS_STREAMED;
 use crate::data::pipeline::PIECE_BYTES;
 use crate::data::{DocumentReader, Fields, Source};
 use crate::error::{Context, Error, Failures, Result};
+use crate::output::Inputs;
 use crate::train::inputs::RunInputs;
 use crate::train::memory::{self, MemoryEstimate};
 use crate::train::options::RunOptions;
@@ -63,8 +64,9 @@ pub struct SourcePlan {
     /// The shards whose first document is longer than one alignment takes whole, with its
     /// length in bytes: it is aligned in pieces (see [`crate::data::pipeline::PIECE_BYTES`]).
     pub long_documents: Vec<(PathBuf, usize)>,
-    /// The longest of those: its bytes, and its student tokens estimated from those of its first
-    /// 64 KiB (for the memory estimate: a document is held whole once aligned).
+    /// The longest of those: its bytes, and its tokens under the student's and every teacher's
+    /// tokenizer together, estimated from those of its first 64 KiB (for the memory estimate: a
+    /// document is held whole once aligned).
     pub longest: Option<(usize, u64)>,
 }
 
@@ -146,77 +148,19 @@ fn plan(
         kind,
         device_memory,
     } = target;
-    failures.note(check_options(config, options));
-    failures.note(check_outputs(config, options, true));
-    failures.note(crate::backend::check_available(kind));
-    failures.note(crate::backend::check_dtype(
-        kind,
-        config.student_dtype(),
-        "student.dtype",
-    ));
-    failures.note(crate::backend::check_dtype(
-        kind,
-        config.compute_dtype(),
-        "training.compute_dtype",
-    ));
-    failures.note(crate::backend::check_compute_on_cpu(
-        kind,
-        config.compute_dtype(),
-    ));
-    if let Ok(settings) = config.teacher_settings() {
-        for (i, s) in settings.iter().enumerate() {
-            let key = format!("teachers[{i}].dtype");
-            failures.note(crate::backend::check_dtype(kind, Ok(s.dtype), &key));
-        }
+    if failures.note(config.validate()).is_none() {
+        inputs_without_values(config, options, failures);
+        return None;
     }
+    check_settings(config, target, options, failures);
     let accum = failures.note(config.grad_accum(workers));
     let inputs = failures.note(RunInputs::read(config))?;
-    // The very checks `train` makes before it loads a weight.
-    failures.note(crate::train::benchmarks::prompts(config));
-    failures.note(resume_point(config, options, &inputs.sources));
-    failures.note(prompts_present(config, &inputs.sources));
-    failures.note(open_weights(&config.student.model).context("student"));
-    for (m, s) in inputs.settings.iter().enumerate() {
-        match &s.targets {
-            // Stored targets: the manifest, every shard's checksum and the run's settings.
-            Some(dir) => {
-                failures.note(crate::train::teachers::open_store(config, &inputs, m, dir));
-            }
-            None => {
-                failures
-                    .note(open_weights(&s.model).with_context(|| format!("teacher {}", s.name)));
-            }
-        }
-    }
-    let fields = crate::data::prompts::fields(config);
-    let student = &inputs.pipeline.student;
-    let mut sources: Vec<_> = inputs
-        .sources
-        .iter()
-        .filter_map(|source| failures.note(read_first_documents(&fields, student)(source)))
-        .collect();
-    if let Some(path) = config.eval.as_ref().and_then(|e| e.path.as_ref()) {
-        let data = crate::config::DataConfig {
-            path: path.clone(),
-            weights: None,
-            ..config.data.clone()
-        };
-        let held_out = crate::data::sources::sources(&data).context("eval.path");
-        let fields = Fields::from(&data.text_field);
-        for source in failures.note(held_out).unwrap_or_default() {
-            if let Some(plan) = failures.note(read_first_documents(&fields, student)(&source)) {
-                sources.push(SourcePlan {
-                    name: format!("held-out {}", plan.name),
-                    weight: 0.0,
-                    ..plan
-                });
-            }
-        }
-    }
+    check_inputs(config, &inputs, options, failures);
+    let sources = source_plans(config, &inputs, failures);
     let teachers: Vec<_> = (0..inputs.settings.len())
         .filter_map(|m| failures.note(teacher_plan(config, &inputs, m)))
         .collect();
-    let documents = longest_document(&inputs, &sources);
+    let documents = longest_document(&sources);
     let with_documents = |m: MemoryEstimate| MemoryEstimate { documents, ..m };
     let memory = failures.note(memory::estimate(config, &inputs, accum.unwrap_or(1)));
     let memory = memory.map(with_documents);
@@ -260,6 +204,113 @@ fn plan(
             (p, exists)
         }),
     })
+}
+
+/// The checks of the configuration and the command line against the target, before any input
+/// is read: the options, the outputs, the device and its dtypes.
+fn check_settings(
+    config: &RunConfig,
+    target: Target,
+    options: &RunOptions,
+    failures: &mut Failures,
+) {
+    failures.note(check_options(config, options));
+    if let (Some(_), true) = (target.device_memory, target.kind.on_host()) {
+        failures.note::<()>(Err(Error::Config(format!(
+            "--gpu-memory: device = \"{}\" trains in this machine's memory, which the estimate \
+             is compared with; --gpu-memory plans a GPU run (device = \"cuda\" or \"wgpu\")",
+            config.device
+        ))));
+    }
+    failures.note(check_outputs(config, options, true));
+    failures.note(crate::backend::check_device(config, target.kind));
+}
+
+/// The very checks `train` makes of its inputs before it loads a weight: the benchmarks'
+/// prompts, the resumption, on-policy prompts, every model's weight headers and every store.
+fn check_inputs(
+    config: &RunConfig,
+    inputs: &RunInputs,
+    options: &RunOptions,
+    failures: &mut Failures,
+) {
+    failures.note(crate::train::benchmarks::prompts(config));
+    failures.note(resume_point(config, options, &inputs.sources));
+    failures.note(prompts_present(config, &inputs.sources));
+    failures.note(open_weights(&config.student.model).context("student"));
+    for (m, s) in inputs.settings.iter().enumerate() {
+        match &s.targets {
+            // Stored targets: the manifest, every shard's checksum and the run's settings.
+            Some(dir) => {
+                let lenient = options.allow_data_change;
+                let store = crate::train::teachers::open_store(config, inputs, m, dir, lenient);
+                failures.note(store);
+            }
+            None => {
+                failures
+                    .note(open_weights(&s.model).with_context(|| format!("teacher {}", s.name)));
+            }
+        }
+    }
+}
+
+/// Each data source's plan, then the held-out text's: the first document of every shard read.
+fn source_plans(
+    config: &RunConfig,
+    inputs: &RunInputs,
+    failures: &mut Failures,
+) -> Vec<SourcePlan> {
+    let fields = crate::data::prompts::fields(config);
+    let pipeline = &inputs.pipeline;
+    let sides: Vec<&Vocabulary> = std::iter::once(&pipeline.student)
+        .chain(&pipeline.teachers)
+        .collect();
+    let student = &sides[..];
+    let mut sources: Vec<_> = inputs
+        .sources
+        .iter()
+        .filter_map(|source| failures.note(read_first_documents(&fields, student)(source)))
+        .collect();
+    if let Some(path) = config.eval.as_ref().and_then(|e| e.path.as_ref()) {
+        let data = crate::config::DataConfig {
+            path: path.clone(),
+            weights: None,
+            ..config.data.clone()
+        };
+        let held_out = crate::data::sources::sources(&data).context("eval.path");
+        let fields = Fields::from(&data.text_field);
+        for source in failures.note(held_out).unwrap_or_default() {
+            if let Some(plan) = failures.note(read_first_documents(&fields, student)(&source)) {
+                sources.push(SourcePlan {
+                    name: format!("held-out {}", plan.name),
+                    weight: 0.0,
+                    ..plan
+                });
+            }
+        }
+    }
+    sources
+}
+
+/// With bad values in `config`: each input that is missing or refuses the run, as far as it
+/// can be read without those values (the models, tokenizers and data; stored targets when the
+/// loss values they are compared with are good), so that one `--check` names every failure.
+fn inputs_without_values(config: &RunConfig, options: &RunOptions, failures: &mut Failures) {
+    let Some(inputs) = failures.note(RunInputs::read(config)) else {
+        return;
+    };
+    let loss = &config.loss;
+    if !(loss.temperature.is_finite() && loss.temperature > 0.0) {
+        return;
+    }
+    for (m, s) in inputs.settings.iter().enumerate() {
+        if let Some(dir) = &s.targets {
+            let lenient = options.allow_data_change;
+            failures.note(crate::train::teachers::open_store(
+                config, &inputs, m, dir, lenient,
+            ));
+        }
+    }
 }
 
 /// Where a resumed run continues, found by the checks `train --resume` makes before it loads a
@@ -377,9 +428,11 @@ fn data_unchanged(
 }
 
 /// The command-line choices a run refuses before it reads anything: `--stop-after` outside
-/// 1..=`training.steps`, `--extend-steps` or `--allow-data-change` without `--resume`.
+/// 1..=`training.steps`, `--extend-steps` without `--resume`, `--allow-data-change` without
+/// `--resume` or a teacher's stored targets (whose data it lets change).
 pub fn check_options(config: &RunConfig, options: &RunOptions) -> Result<()> {
     let steps = config.training.steps;
+    let stored = config.teachers.iter().any(|t| t.targets.is_some());
     match options.stop_after {
         Some(0) => Err(Error::Config(
             "--stop-after 0: a run stops after a step it trained, from 1 to training.steps".into(),
@@ -391,8 +444,10 @@ pub fn check_options(config: &RunConfig, options: &RunOptions) -> Result<()> {
         _ if !options.resume && options.extend.is_some() => {
             Err(Error::Config("--extend-steps: only with --resume".into()))
         }
-        _ if !options.resume && options.allow_data_change => Err(Error::Config(
-            "--allow-data-change: only with --resume (a new run reads the data as it is)".into(),
+        _ if !options.resume && options.allow_data_change && !stored => Err(Error::Config(
+            "--allow-data-change: only with --resume or stored teacher targets (a new run reads \
+             the data as it is)"
+                .into(),
         )),
         _ => Ok(()),
     }
@@ -406,12 +461,9 @@ pub fn check_options(config: &RunConfig, options: &RunOptions) -> Result<()> {
 /// live process, which `train` meets when it takes the lock.
 pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -> Result<()> {
     let out = &config.output_dir;
-    if out.exists() && !out.is_dir() {
-        return Err(Error::Config(format!(
-            "output_dir = {}: a file is there; the run writes a directory",
-            out.display()
-        )));
-    }
+    crate::train::export::run_inputs(config)
+        .refuse(out)
+        .context("output_dir")?;
     let run_toml = out.join("run.toml");
     if options.resume && !run_toml.is_file() {
         return Err(Error::Run(format!(
@@ -431,14 +483,97 @@ pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -
             )));
         }
     }
+    if !options.resume && crate::train::checkpoint::any(&out.join("checkpoints"))? {
+        return Err(Error::Run(format!(
+            "{} already holds checkpoints: pass --resume to continue that run, or choose another \
+             output_dir",
+            out.display()
+        )));
+    }
     let student = out.join("student");
     crate::train::export::check_target(config, &student).context("output_dir")?;
+    // Last, so that the checks above name what they find more closely.
+    Inputs::new()
+        .check(out, &run_directory())
+        .context("output_dir")?;
     if checking {
         if let Some(why) = crate::train::lock::RunLock::held_elsewhere(out) {
             return Err(Error::Run(why));
         }
     }
     Ok(())
+}
+
+/// What `output_dir` must be: new, empty, a run directory (see [`is_run_directory`]), or one
+/// holding only what a run that failed to open keeps for the next attempt (its alignment cache
+/// under `data/`) and a run's lock (whose holder the lock itself names); never inside a run
+/// directory.
+fn run_directory() -> crate::output::Own<'static> {
+    crate::output::Own::Tree {
+        what: "a training run",
+        recognized: is_run_directory,
+        leftover: |entry| {
+            let name = entry.file_name().unwrap_or_default();
+            let caches = || {
+                std::fs::read_dir(entry).is_ok_and(|list| {
+                    list.flatten()
+                        .all(|e| xtoken_core::cache::is_cache(&e.path()))
+                })
+            };
+            match name.to_str() {
+                Some("data") => entry.is_dir() && caches(),
+                Some(crate::train::lock::LOCK_FILE) => true,
+                _ => false,
+            }
+        },
+    }
+}
+
+/// The entries `xtoken train` writes at the top of its run directory.
+pub const RUN_ENTRIES: &[&str] = &[
+    "run.toml",
+    "metrics.csv",
+    "eval.csv",
+    "benchmarks.csv",
+    "loss.svg",
+    "xtoken.lock",
+    "checkpoints",
+    "student",
+    "projections",
+    "tensorboard",
+    "samples",
+    "data",
+];
+
+/// Removes what an earlier run wrote in the run directory `dir` (the entries of
+/// [`RUN_ENTRIES`]) and nothing else: a file of the user's there stays, and a new run into `dir`
+/// is then refused, naming it. Nothing is removed from a directory that is no run's (a new run
+/// there meets the output rule of [`check_outputs`]).
+pub fn remove_run(dir: &std::path::Path) -> Result<()> {
+    if !is_run_directory(dir) {
+        return Ok(());
+    }
+    for name in RUN_ENTRIES {
+        let path = dir.join(name);
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let removed = match meta.is_dir() {
+            true => std::fs::remove_dir_all(&path),
+            false => std::fs::remove_file(&path),
+        };
+        removed.with_context(|| format!("{}: removing it", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Whether `dir` is a run directory `xtoken train` wrote: its `run.toml` is a run configuration
+/// and it holds the run's `metrics.csv`.
+pub fn is_run_directory(dir: &std::path::Path) -> bool {
+    let config = std::fs::read_to_string(dir.join("run.toml"))
+        .ok()
+        .and_then(|text| toml::from_str::<RunConfig>(&text).ok());
+    config.is_some() && dir.join("metrics.csv").is_file()
 }
 
 /// Opens a model directory's safetensors headers (no tensor is read).
@@ -451,7 +586,7 @@ fn open_weights(dir: &std::path::Path) -> Result<()> {
 /// yields the text of its first document.
 fn read_first_documents<'a>(
     fields: &'a Fields,
-    student: &'a Vocabulary,
+    sides: &'a [&'a Vocabulary],
 ) -> impl Fn(&Source) -> Result<SourcePlan> + 'a {
     move |source| {
         let mut bytes = 0;
@@ -465,7 +600,7 @@ fn read_first_documents<'a>(
                 if text.len() > PIECE_BYTES {
                     long_documents.push((shard.path.clone(), text.len()));
                     if longest.is_none_or(|(bytes, _)| text.len() > bytes) {
-                        longest = Some((text.len(), estimated_tokens(student, &text)?));
+                        longest = Some((text.len(), estimated_tokens(sides, &text)?));
                     }
                 }
                 documents += 1;
@@ -496,26 +631,30 @@ fn read_first_documents<'a>(
     }
 }
 
-/// The student tokens of `text`, estimated from those of its first 64 KiB (which tell the
-/// tokens per byte well enough, and take little memory to tokenize).
-fn estimated_tokens(student: &Vocabulary, text: &str) -> Result<u64> {
+/// The tokens of `text` under every tokenizer of `sides` together (the student's and each
+/// teacher's), estimated from those of its first 64 KiB (which tell the tokens per byte well
+/// enough, and take little memory to tokenize).
+fn estimated_tokens(sides: &[&Vocabulary], text: &str) -> Result<u64> {
     let mut end = (64 << 10).min(text.len());
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    let tokens = student.encode(&text[..end])?.len() as f64;
+    let mut tokens = 0.0;
+    for vocab in sides {
+        tokens += vocab.encode(&text[..end])?.len() as f64;
+    }
     Ok((tokens / end.max(1) as f64 * text.len() as f64).ceil() as u64)
 }
 
 /// The host bytes of the longest of the shards' first documents that is aligned in pieces
 /// (0 when none is).
-fn longest_document(inputs: &RunInputs, sources: &[SourcePlan]) -> u64 {
+fn longest_document(sources: &[SourcePlan]) -> u64 {
     let longest = sources
         .iter()
         .filter_map(|s| s.longest)
         .max_by_key(|(bytes, _)| *bytes);
-    longest.map_or(0, |(_, tokens)| {
-        memory::document_bytes(tokens, inputs.settings.len())
+    longest.map_or(0, |(bytes, tokens)| {
+        memory::document_bytes(bytes as u64, tokens)
     })
 }
 

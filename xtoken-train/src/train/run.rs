@@ -150,7 +150,15 @@ impl<B: TrainBackend> Run<B> {
             crate::train::memory::check_fits(&memory, B::free_bytes(&device), seen)?;
         }
         let mut teachers = (0..inputs.settings.len())
-            .map(|m| Teacher::<B>::load(&config, &inputs, m, &device, lead))
+            .map(|m| {
+                Teacher::<B>::load(
+                    &config,
+                    &inputs,
+                    m,
+                    &device,
+                    (lead, options.allow_data_change),
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut trainable = load_student(&config, &teachers, &device, lead)?;
         let mut state = restore(
@@ -565,13 +573,8 @@ fn open_directory(config: &RunConfig, options: &RunOptions, lead: bool) -> Resul
     if options.resume {
         return Ok(());
     }
+    // A directory holding checkpoints was refused by `preflight::check_outputs`.
     let out = &config.output_dir;
-    if checkpoint::any(&out.join("checkpoints"))? {
-        return Err(Error::Run(format!(
-            "{} already holds checkpoints: pass --resume to continue that run, or choose another output_dir",
-            out.display()
-        )));
-    }
     if lead {
         write_atomically(&out.join("run.toml"), &resolved_text(config)?)?;
     }

@@ -85,9 +85,12 @@ pub fn teach<B: XTokenBackend>(
     Ok(taught)
 }
 
-/// Everything the command reads: the teachers' models and tokenizers and the data.
+/// Everything the command reads (the teachers' models and tokenizers and the data) and the
+/// run's other inputs, which its targets serve (the student's model directory).
 fn inputs(config: &RunConfig, settings: &[TeacherSettings]) -> Inputs {
-    let mut inputs = Inputs::new();
+    let mut inputs = Inputs::new()
+        .with("the run's student model directory", &config.student.model)
+        .with("the run's student tokenizer", config.student_tokenizer());
     for s in settings {
         inputs.add(format!("teacher {}'s model directory", s.name), &s.model);
         inputs.add(format!("teacher {}'s tokenizer", s.name), &s.tokenizer);
@@ -123,6 +126,7 @@ impl<B: XTokenBackend> TeacherPass<B> {
         let vocab = Vocabulary::load_padded(&s.tokenizer, Some(vocab_size))
             .with_context(|| format!("teacher {}: its tokenizer", s.name))?;
         let dtype = dtype_of::<B>(s.dtype, device);
+        let window = window_for(config.teach.window, &hf, &s.name);
         let manifest = Manifest {
             format: FORMAT,
             teacher: s.name.clone(),
@@ -135,12 +139,12 @@ impl<B: XTokenBackend> TeacherPass<B> {
             top_k: config.teach.top_k.min(vocab_size),
             dtype: config.teach_dtype()?,
             temperature: config.loss.temperature,
-            window: config.teach.window,
+            window,
             shard_documents: config.teach.shard_documents,
             text_field: config.data.text_field.clone(),
             data: shards
                 .iter()
-                .map(|sh| fingerprint::of_file(&sh.path))
+                .map(|sh| fingerprint::of_file_with_content(&sh.path))
                 .collect::<Result<_>>()?,
         };
         claim_store(dir, &manifest)?;
@@ -183,6 +187,7 @@ impl<B: XTokenBackend> TeacherPass<B> {
             .iter()
             .map(|&i| std::fs::metadata(&shards[i].path).map_or(0, |m| m.len()))
             .sum();
+        remove_abandoned(&self.dir.join("shards"), &mine)?;
         let bar = progress_bar(total, &self.name);
         let started = Instant::now();
         let mut taught = Taught {
@@ -209,7 +214,8 @@ impl<B: XTokenBackend> TeacherPass<B> {
                     }
                     continue;
                 }
-                let mut writer = ShardWriter::new(self.manifest.top_k, self.manifest.dtype);
+                let m = &self.manifest;
+                let mut writer = ShardWriter::new(m.top_k, m.dtype, m.temperature);
                 let mut last = false;
                 while writer.documents() < self.manifest.shard_documents {
                     let Some(raw) = reader.next_doc()? else {
@@ -283,6 +289,46 @@ impl<B: XTokenBackend> TeacherPass<B> {
     }
 }
 
+/// The window a teacher reads in: `teach.window`, cut to the positions the model has
+/// (`max_position_embeddings`), which is said, since a longer window would fail at its first
+/// long document.
+fn window_for(window: usize, hf: &HfConfig, name: &str) -> usize {
+    let limit = hf.architecture.max_position_embeddings;
+    if window <= limit {
+        return window;
+    }
+    tracing::warn!(
+        "teacher {name}: teach.window = {window} is longer than the model's \
+         max_position_embeddings ({limit}); it reads its documents in windows of {limit} tokens"
+    );
+    limit
+}
+
+/// Removes the temporary files of pieces of the data shards `mine` that an earlier process
+/// left when it was killed mid-write (`NNNNN-PPPPP.xtt.xtoken-tmp-PID`): only this process
+/// writes pieces of its shards, so any such file is no live writer's.
+fn remove_abandoned(shards: &Path, mine: &[usize]) -> Result<()> {
+    let listing =
+        std::fs::read_dir(shards).with_context(|| format!("{}: listing it", shards.display()))?;
+    for entry in listing.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((piece, pid)) = name.split_once(".xtt.xtoken-tmp-") else {
+            continue;
+        };
+        let shard = piece
+            .split('-')
+            .next()
+            .and_then(|i| i.parse::<usize>().ok());
+        let ours = shard.is_some_and(|i| mine.contains(&i));
+        if ours && pid != std::process::id().to_string() {
+            tracing::info!("removing {}, left by a pass that was stopped", name);
+            std::fs::remove_file(entry.path())
+                .with_context(|| format!("{}: removing it", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// A piece already in place and whole, or `None` (absent; a damaged one is an error).
 fn finished_piece(path: &Path) -> Result<Option<ShardReader>> {
     if !path.exists() {
@@ -304,12 +350,19 @@ fn claim_store(dir: &Path, manifest: &Manifest) -> Result<()> {
             )));
         }
         let found = Manifest::read(dir)?;
-        if &found != manifest {
+        let mut differ = differences(&found, manifest);
+        // The data by content: a pass continued after the data was touched or moved goes on.
+        let data = fingerprint::content_changes(&found.data, &manifest.data)?;
+        differ.retain(|field| field != "data");
+        if !data.is_empty() {
+            differ.push(format!("data: {}", data.join("; ")));
+        }
+        if !differ.is_empty() {
             return Err(Error::Run(format!(
                 "{}: holds targets written with other settings ({}); refusing to mix them, \
                  choose another --out",
                 dir.display(),
-                differences(&found, manifest).join(", ")
+                differ.join(", ")
             )));
         }
     }

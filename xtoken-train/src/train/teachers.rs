@@ -52,7 +52,7 @@ impl<B: TrainBackend> Teacher<B> {
         inputs: &RunInputs,
         m: usize,
         device: &B::Device,
-        lead: bool,
+        (lead, allow_data_change): (bool, bool),
     ) -> Result<Self> {
         let settings = &inputs.settings[m];
         let (student, teacher) = (&inputs.pipeline.student, &inputs.pipeline.teachers[m]);
@@ -86,7 +86,7 @@ impl<B: TrainBackend> Teacher<B> {
         };
         let (model, store) = match &settings.targets {
             Some(dir) => {
-                let store = open_store(config, inputs, m, dir)?;
+                let store = open_store(config, inputs, m, dir, allow_data_change)?;
                 if lead {
                     tracing::info!(
                         "teacher {}: stored targets {} ({} documents, top-{} {}), {}, α = {}",
@@ -202,7 +202,13 @@ fn load_model<B: TrainBackend>(
 }
 
 /// Opens teacher `m`'s stored targets in `dir` and checks them against the run.
-pub fn open_store(config: &RunConfig, inputs: &RunInputs, m: usize, dir: &Path) -> Result<Store> {
+pub fn open_store(
+    config: &RunConfig,
+    inputs: &RunInputs,
+    m: usize,
+    dir: &Path,
+    allow_data_change: bool,
+) -> Result<Store> {
     let store = Store::open(dir).with_context(|| format!("teachers[{m}].targets"))?;
     let prints = fingerprint::of_sources(&inputs.sources)?;
     store
@@ -211,6 +217,7 @@ pub fn open_store(config: &RunConfig, inputs: &RunInputs, m: usize, dir: &Path) 
             inputs.teacher_configs[m].architecture.vocab_size,
             &config.loss_params(),
             &prints,
+            allow_data_change,
         )
         .with_context(|| format!("teachers[{m}].targets"))?;
     Ok(store)

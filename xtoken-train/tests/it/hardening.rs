@@ -364,7 +364,7 @@ fn check_names_every_failure() {
     refused(&f.dir.0, &args, "5 problems");
     let err = stderr(&xtoken(&args));
     for expect in [
-        "output_dir = ",
+        "output_dir: ",
         "student.dtype = \"bf16\"",
         "training.compute_dtype = \"bf16\": the ndarray backend has no bf16 tensors (it has f32)",
         "teachers[0].loss = \"kl\"",

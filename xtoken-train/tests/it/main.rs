@@ -16,6 +16,7 @@ mod multinode;
 mod on_policy;
 mod precision;
 mod profile;
+mod run_directory;
 mod stored;
 mod streaming;
 #[path = "../../../tests/it/support/mod.rs"]

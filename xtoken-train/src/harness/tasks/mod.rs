@@ -31,3 +31,34 @@ pub fn named(name: &str) -> Result<Box<dyn Task>> {
         TaskName::HellaSwag => Box::new(HellaSwag),
     })
 }
+
+/// The tasks `names` call for, each once in the order first named (`math` and
+/// `hendrycks_math` are one task): a task named twice is scored once, which is said.
+pub fn distinct<S: AsRef<str>>(names: &[S]) -> Result<Vec<Box<dyn Task>>> {
+    let mut seen: Vec<TaskName> = Vec::new();
+    let mut tasks = Vec::new();
+    for name in names.iter().map(|n| n.as_ref().trim()) {
+        let task: TaskName = name.parse()?;
+        if seen.contains(&task) {
+            tracing::warn!("--tasks: {name} is named twice; it is scored once");
+            continue;
+        }
+        seen.push(task);
+        tasks.push(named(name)?);
+    }
+    Ok(tasks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_named_twice_is_scored_once() {
+        let names = ["hellaswag", " hellaswag", "math", "hendrycks_math", "mmlu"];
+        let tasks = distinct(&names).unwrap();
+        let found: Vec<&str> = tasks.iter().map(|t| t.name()).collect();
+        assert_eq!(found, ["hellaswag", "hendrycks_math", "mmlu"]);
+        assert!(distinct(&["hellaswag", "nope"]).is_err());
+    }
+}
