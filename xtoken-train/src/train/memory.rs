@@ -322,7 +322,10 @@ fn address_space_limit() -> Option<u64> {
         };
         // SAFETY: getrlimit writes the limit into the struct it is given.
         let rc = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) };
-        (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur as u64)
+        // `rlim_t` is u64 on Linux but not on every platform.
+        #[allow(clippy::unnecessary_cast)]
+        let bytes = limit.rlim_cur as u64;
+        (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(bytes)
     }
     #[cfg(not(unix))]
     None

@@ -506,8 +506,8 @@ pub fn check_outputs(config: &RunConfig, options: &RunOptions, checking: bool) -
 
 /// What `output_dir` must be: new, empty, a run directory (see [`is_run_directory`]), or one
 /// holding only what a run that failed to open keeps for the next attempt (its alignment cache
-/// under `data/`) and a run's lock (whose holder the lock itself names); never inside a run
-/// directory.
+/// under `data/`), the W a data-parallel run writes before its workers open it, and a run's lock
+/// (whose holder the lock itself names); never inside a run directory.
 fn run_directory() -> crate::output::Own<'static> {
     crate::output::Own::Tree {
         what: "a training run",
@@ -520,8 +520,17 @@ fn run_directory() -> crate::output::Own<'static> {
                         .all(|e| xtoken_core::cache::is_cache(&e.path()))
                 })
             };
+            // W written before the workers of a data-parallel run open it.
+            let projections = || {
+                std::fs::read_dir(entry).is_ok_and(|list| {
+                    list.flatten().all(|e| {
+                        crate::output::safetensors_holds(&e.path(), &["indices", "weights"])
+                    })
+                })
+            };
             match name.to_str() {
                 Some("data") => entry.is_dir() && caches(),
+                Some("projections") => entry.is_dir() && projections(),
                 Some(crate::train::lock::LOCK_FILE) => true,
                 _ => false,
             }
