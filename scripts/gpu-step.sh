@@ -4,7 +4,12 @@
 # student <- Qwen3-4B-shaped teacher, P-KL, 1 x 4096 tokens, top-K 8192) computing in f32 and in
 # bf16 (f32 master weights: mixed precision), the bf16 part's first step again with the kernel
 # cache the first parts filled (cold against warm), `bench forward` in bf16
-# (forward, forward + backward) and `bench kernels`, each under its own time limit, written as
+# (forward, forward + backward) and `bench kernels`; then NCCL: the f32 part again with its one
+# worker summing through NCCL (a communicator of one, its id carried by a session, the gradients
+# in 25 MB buckets), whose losses must equal the f32 part's, and `bench exchange` on NCCL of the
+# 1B student's gradients (4.9 GB in f32, 2.5 GB in bf16) against the device's memory pass
+# (DEVICE=cuda only; the binary built with `cuda,collective`). Each part under its own time
+# limit, written as
 # they finish into OUT/report.md and OUT/report.json (with each run's own output beside them).
 # The random models are made once, in a temporary directory removed at the end; the first
 # training part's output says how long that took.
@@ -18,6 +23,8 @@
 #   TORCH_BASELINE         optional: a PyTorch script printing one JSON line (tokens/s, memory)
 #                          for the same step, run first as the anchor
 #   LIMIT_S                seconds each run may take (default 300)
+#   XTOKEN_NCCL            libnccl.so.2 or its directory (default: PyTorch's copy, found by
+#                          xtoken itself)
 # OUT must not exist or be empty: nothing in it is overwritten.
 set -uo pipefail
 
@@ -110,7 +117,8 @@ trap 'rm -rf "$work"' EXIT
 export XTOKEN_KERNEL_CACHE="$work/kernel-cache"
 train() {
     local name=$1 compute=$2 steps=$3
-    part "$name" "$xtoken" bench train --device "$train_device" --work-dir "$work" \
+    shift 3
+    part "$name" "$xtoken" bench train "$@" --device "$train_device" --work-dir "$work" \
         --student-tokenizer "$tokenizers/llama-3.2" --teacher-tokenizer "$tokenizers/qwen3" \
         --student "$student" --teacher "$teacher" --loss pkl --context "$context" \
         --top-k "$top_k" --steps "$steps" --compute-dtype "$compute" --profile \
@@ -122,6 +130,23 @@ train train-bf16-warm bf16 1
 part forward "$xtoken" bench forward --device "$forward_device" --preset "$preset" --len "$len" \
     --dtype "$forward_dtype"
 part kernels "$xtoken" bench kernels "${kernels[@]}"
+if [ "$device" = cuda ]; then
+    train train-f32-nccl-exchange f32 "$steps" --exchange nccl
+    part nccl-losses python3 -c '
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+def losses(r):
+    return [x for run in r["runs"] for x in run.get("losses", [])]
+la, lb = losses(a), losses(b)
+worst = max((abs(x - y) for x, y in zip(la, lb)), default=float("nan"))
+print(f"| losses | without NCCL | through NCCL | largest difference |\n|---|---|---|---|\n| {len(la)} | {la} | {lb} | {worst:.3g} |")
+sys.exit(0 if la and len(la) == len(lb) and worst <= 1e-6 else 1)
+' "$out/train-f32.json" "$out/train-f32-nccl-exchange.json"
+    for dtype in f32 bf16; do
+        part "exchange-$dtype" "$xtoken" bench exchange --device cuda --exchange nccl \
+            --values 1235814400 --dtype "$dtype" --rounds 3
+    done
+fi
 
 {
     echo "{"

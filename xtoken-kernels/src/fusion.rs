@@ -45,7 +45,10 @@ fn outer<B: FusionBackend>(
         .output()
 }
 
-fn outer_float<B: FusionBackend>(client: &Client<B>, t: FloatTensor<B>) -> FloatTensor<Fusion<B>> {
+pub(crate) fn outer_float<B: FusionBackend>(
+    client: &Client<B>,
+    t: FloatTensor<B>,
+) -> FloatTensor<Fusion<B>> {
     let (shape, dtype) = (t.shape(), t.dtype());
     outer::<B>(client, shape, dtype, B::float_tensor_handle(t))
 }

@@ -55,6 +55,7 @@ pub mod host;
 pub mod layout;
 pub mod loss_kind;
 pub mod memory;
+pub mod nccl;
 pub mod spec;
 pub mod temporary;
 pub mod traffic;

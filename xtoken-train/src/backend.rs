@@ -8,18 +8,20 @@ use xtoken_kernels::memory::DeviceMemory;
 
 use crate::config::{DeviceKind, DtypeChoice};
 use crate::error::{Error, Result};
+use xtoken_kernels::nccl::NcclBackend;
 
-/// What training needs of a backend: autodiff for the student, and the X-Token kernels both
-/// there and on the inner backend the teachers run on.
+/// What training needs of a backend: autodiff for the student, the X-Token kernels both there
+/// and on the inner backend the teachers run on, and the inner backend's answer to NCCL (CUDA
+/// sums its gradients there; the others say they cannot).
 pub trait TrainBackend:
-    AutodiffBackend<InnerBackend: XTokenBackend> + XTokenBackend + DeviceMemory
+    AutodiffBackend<InnerBackend: XTokenBackend + NcclBackend> + XTokenBackend + DeviceMemory
 {
 }
 
 impl<B> TrainBackend for B
 where
     B: AutodiffBackend + XTokenBackend + DeviceMemory,
-    B::InnerBackend: XTokenBackend,
+    B::InnerBackend: XTokenBackend + NcclBackend,
 {
 }
 

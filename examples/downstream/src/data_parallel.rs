@@ -15,8 +15,9 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::{Device, Tensor};
 use xtoken::loss::{ce, pkl, LossParams, TeacherTargets};
 use xtoken::models::CausalLm;
-use xtoken::train::cluster::parallel::{run_workers, Exchange, Worker};
+use xtoken::train::cluster::parallel::{run_workers, Exchange, ExchangeSettings, Worker};
 use xtoken::train::cluster::{free_port_pair, join_as_node, Placement, Plan, Timeouts};
+use xtoken::train::config::ExchangeKind;
 
 use crate::own_loop::{student_inputs, teacher_logits, Setup, TEXTS};
 use crate::{Arguments, Error, B};
@@ -119,14 +120,25 @@ fn as_rank(args: &Arguments, out: &Path) -> Result<(), Error> {
         workers: 1,
         hash: hasher.finish(),
     };
-    let (session, nodes) = join_as_node(&placement, plan, Timeouts::from_env()?)?;
+    // The ring: these processes train on the CPU (NCCL sums CUDA buffers: with burn's CUDA
+    // backend, ExchangeKind::Nccl here is the whole change). Gradients travel in DDP's 25 MB
+    // buckets.
+    let settings = ExchangeSettings {
+        kind: ExchangeKind::Ring,
+        bucket_bytes: 25_000_000,
+    };
+    let (session, nodes) = join_as_node(&placement, plan, Timeouts::from_env()?, settings.kind)?;
     let (rank, world) = (placement.rank, placement.world);
     let texts: Vec<&str> = TEXTS.iter().skip(rank).step_by(world).copied().collect();
-    let mut ended =
-        run_workers::<B, _, _>(vec![Default::default()], Some(&nodes), |worker, device| {
+    let mut ended = run_workers::<B, _, _>(
+        vec![Default::default()],
+        Some(&nodes),
+        settings,
+        |worker, device| {
             train(args, &worker, &texts, &device)
                 .map_err(|e| xtoken::train::error::Error::Parallel(format!("rank {rank}: {e}")))
-        })?;
+        },
+    )?;
     let values = ended.pop().ok_or("no worker")?;
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(out, bytes)?;

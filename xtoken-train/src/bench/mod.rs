@@ -47,9 +47,10 @@ pub enum BenchCommand {
     /// On-policy against off-policy distillation in `xtoken demo`'s world (after the demo):
     /// the teacher's grade of the student's own answers as each λ trains.
     OnPolicy(on_policy::OnPolicyBenchArgs),
-    /// One all-reduce of a flat f32 tensor between processes (as `xtoken train` sums a step's
-    /// gradients across processes), against the same between threads and a memory pass
-    /// (feature `collective`; under torchrun or srun: between the machines they started).
+    /// One all-reduce of a flat tensor, as `xtoken train` sums a step's gradients: the ring
+    /// between processes against the same between threads, or NCCL between GPUs (`--device
+    /// cuda`), each against a memory pass on the device and as bus GB/s (feature `collective`;
+    /// under torchrun or srun: between the machines they started).
     #[cfg(feature = "collective")]
     Exchange(exchange::ExchangeBenchArgs),
 }

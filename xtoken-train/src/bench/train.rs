@@ -15,8 +15,9 @@ use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_models::{Architecture, SaveDtype, Transformer};
 use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
-use xtoken_train::cluster::parallel::Worker;
-use xtoken_train::config::DeviceKind;
+use xtoken_train::cluster::parallel::{run_workers, ExchangeSettings, Worker};
+use xtoken_train::cluster::{free_port_pair, join_as_node, Placement, Plan, Timeouts};
+use xtoken_train::config::{DeviceKind, ExchangeKind};
 use xtoken_train::observe::profile::{self, HostMemory, Phase, StepProfile};
 use xtoken_train::observe::roofline::{Limits, StepShape, TeacherShape};
 use xtoken_train::output::{claim_work_dir, json_has, write_file, Inputs, Own};
@@ -135,6 +136,11 @@ pub struct TrainBenchArgs {
     /// teacher; the table adds the store's bytes per token and the pass's tokens/s.
     #[arg(long, value_delimiter = ',')]
     stored: Vec<String>,
+    /// `nccl`: the one worker sums its gradients through NCCL all the same (a communicator of
+    /// one, its id carried by a session of one process, the gradients in buckets), which must
+    /// train to the same losses as without it; `none` (default): no exchange.
+    #[arg(long, default_value = "none")]
+    exchange: String,
 }
 
 /// A varied synthetic corpus: prose with numerals, dates, amounts and code-like lines.
@@ -434,6 +440,10 @@ fn config_text(
         ),
         None => String::new(),
     };
+    let parallel = match args.exchange.as_str() {
+        "none" => String::new(),
+        other => format!("[parallel]\nexchange = {other:?}\n"),
+    };
     format!(
         r#"
 output_dir = {out:?}
@@ -456,7 +466,7 @@ compute_dtype = {compute:?}
 [loss]
 top_k = {top_k}
 scaling_scope = {scope:?}
-{on_policy}"#,
+{on_policy}{parallel}"#,
         out = run_dir.display().to_string(),
         device = args.device,
         student = student.display().to_string(),
@@ -736,12 +746,63 @@ impl OnBackend for Steps {
         mut devices: Vec<B::Device>,
     ) -> xtoken_train::Result<Timed> {
         let device = devices.remove(0);
+        let kind = self.config.device.parse()?;
+        match self.config.exchange_choice()?.resolve(kind, 1)? {
+            None => self.timed::<B>(device, Worker::alone()),
+            Some(exchange) => self.through::<B>(exchange, device),
+        }
+    }
+}
+
+impl Steps {
+    /// The steps of one worker that sums through `exchange` all the same: a session of one
+    /// process (which carries NCCL's id) and its one worker.
+    fn through<B: TrainBackend + DeviceMemory>(
+        self,
+        exchange: ExchangeKind,
+        device: B::Device,
+    ) -> xtoken_train::Result<Timed> {
+        let placement = Placement {
+            rank: 0,
+            world: 1,
+            local_rank: 0,
+            master: "127.0.0.1".into(),
+            port: free_port_pair()?,
+            launcher: "bench train",
+        };
+        let plan = Plan {
+            workers: 1,
+            hash: 0,
+        };
+        let (session, nodes) = join_as_node(&placement, plan, Timeouts::from_env()?, exchange)?;
+        let settings = ExchangeSettings {
+            kind: exchange,
+            bucket_bytes: self.config.bucket_bytes(),
+        };
+        let mut timed = run_workers::<B, _, _>(vec![device], Some(&nodes), settings, |w, d| {
+            let steps = Steps {
+                config: self.config.clone(),
+                profile: self.profile,
+            };
+            steps.timed::<B>(d, w)
+        })?;
+        session.finish(0)?;
+        timed
+            .pop()
+            .ok_or_else(|| xtoken_train::Error::Parallel("no worker ended".into()))
+    }
+
+    fn timed<B: TrainBackend + DeviceMemory>(
+        self,
+        device: B::Device,
+        worker: Worker,
+    ) -> xtoken_train::Result<Timed> {
         let options = RunOptions {
             skip_memory_check: true,
             ..RunOptions::default()
         };
         let rows = self.config.training.batch_size as f64;
-        let mut run = Run::<B>::open(self.config, &options, device.clone(), Worker::alone())?;
+        let mut run = Run::<B>::open(self.config, &options, device.clone(), worker)?;
         let estimate_bytes = run.memory_estimate().total();
         if self.profile {
             profile::record(Some(HostMemory {
@@ -951,6 +1012,7 @@ fn report(args: &TrainBenchArgs, rows: &[(Variant, Timed)]) -> serde_json::Value
         "top_k": args.top_k,
         "teacher_dtype": args.teacher_dtype,
         "on_policy": args.on_policy,
+        "exchange": args.exchange,
         "runs": runs,
     })
 }

@@ -53,6 +53,11 @@ impl ExchangeLog {
             .collect()
     }
 
+    /// Why the run stopped, once this process knows (another rank failed or fell behind).
+    pub fn stopped(&self) -> Option<String> {
+        self.process.shared.lock().aborted.clone()
+    }
+
     /// Notes that this worker enters its next all-reduce.
     pub fn entered(&self) {
         let p = &self.process;

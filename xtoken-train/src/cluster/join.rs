@@ -4,28 +4,53 @@
 use super::parallel::Nodes;
 use super::placement::Placement;
 use super::session::{Plan, Session, Timeouts};
+use crate::config::ExchangeKind;
 use crate::error::{Error, Result};
+use xtoken_kernels::nccl::UniqueId;
 
-/// Joins the run `placement` describes as one xtoken-collective node of `plan.workers` workers:
-/// rank 0 starts the orchestrator on the port after the rendezvous's, then every rank joins the
-/// session. Returns the session and the node as [`crate::cluster::parallel::run_workers`] takes it.
+/// Joins the run `placement` describes as one node of `plan.workers` workers summing through
+/// `exchange`. The ring: rank 0 starts xtoken-collective's orchestrator on the port after the
+/// rendezvous's. NCCL: rank 0 makes the communicator's unique id and the session carries it to
+/// every process (a rank 0 that cannot load NCCL ends every rank, naming where it looked).
+/// Returns the session and the node as [`crate::cluster::parallel::run_workers`] takes it.
 pub fn join_as_node(
     placement: &Placement,
     plan: Plan,
     timeouts: Timeouts,
+    exchange: ExchangeKind,
 ) -> Result<(Session, Nodes)> {
-    if placement.rank == 0 {
+    if placement.rank == 0 && exchange == ExchangeKind::Ring {
         start_orchestrator(placement.port + 1)?;
     }
     let session = Session::join(placement, plan, timeouts)?;
+    let nccl = match exchange {
+        ExchangeKind::Ring => None,
+        ExchangeKind::Nccl => Some(share_nccl_id(&session)?),
+    };
     let nodes = Nodes {
         rank: placement.rank,
         count: placement.world,
         orchestrator: format!("ws://{}:{}", placement.master, placement.port + 1),
         host: session.host.clone(),
         logs: session.exchange_logs(plan.workers),
+        nccl,
     };
     Ok((session, nodes))
+}
+
+/// NCCL's unique id, made on rank 0 and carried to this process by the session.
+pub fn share_nccl_id(session: &Session) -> Result<UniqueId> {
+    let make = || {
+        UniqueId::new()
+            .map(|id| id.to_hex())
+            .map_err(|e| Error::Parallel(format!("rank 0: {e}")))
+    };
+    let text = session.share("nccl-id", make)?;
+    UniqueId::from_hex(&text).ok_or_else(|| {
+        Error::Parallel(format!(
+            "the NCCL id rank 0 sent is not 256 hex digits: {text:?}"
+        ))
+    })
 }
 
 /// A port of this machine free now whose next port is free too (a rendezvous and its

@@ -5,14 +5,18 @@
 //!
 //! It stands on the ground only (`error`); the training stage runs its workers through it.
 
+mod buckets;
 mod exchanges;
 mod join;
 pub mod parallel;
 mod placement;
 mod session;
 mod state;
+#[cfg(feature = "collective")]
+mod workers;
 
+pub use buckets::plan as bucket_plan;
 pub use exchanges::ExchangeLog;
-pub use join::{free_port_pair, join_as_node, start_orchestrator};
+pub use join::{free_port_pair, join_as_node, share_nccl_id, start_orchestrator};
 pub use placement::{first_host, Placement};
 pub use session::{Plan, Session, Timeouts};

@@ -8,8 +8,8 @@
 //! The lines on the wire (text, one per message):
 //! - to rank 0: `hello RANK WORLD WORKERS PLAN`, `beat`, `ready BARRIER`, `at EXCHANGE`,
 //!   `failed MESSAGE`, `done FINGERPRINT`;
-//! - from rank 0: `welcome ADDRESS` or `refused MESSAGE`, `beat`, `go BARRIER`, `abort MESSAGE`,
-//!   `end ok` or `end MESSAGE`.
+//! - from rank 0: `welcome ADDRESS` or `refused MESSAGE`, `beat`, `go BARRIER`,
+//!   `share NAME VALUE` (one word each), `abort MESSAGE`, `end ok` or `end MESSAGE`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, ErrorKind, Write};
@@ -131,6 +131,25 @@ impl Session {
             Link::Member(stream) => send(stream, &format!("ready {name}"))?,
         }
         self.wait(|s| s.released.contains(name).then_some(Ok(())))
+    }
+
+    /// What rank 0 makes with `make` (one word of text, such as NCCL's unique id), carried to
+    /// every rank under `name`: rank 0 sends it, the others wait for it. An error of `make`
+    /// ends every rank with it.
+    pub fn share(&self, name: &str, make: impl FnOnce() -> Result<String>) -> Result<String> {
+        match &self.link {
+            Link::Leader(peers) => {
+                let value = make().inspect_err(|e| self.fail(&e.report()))?;
+                if value.split_whitespace().count() != 1 || name.contains(' ') {
+                    return Err(Error::Parallel(format!(
+                        "shared value {name:?} must be one word: {value:?}"
+                    )));
+                }
+                broadcast(peers, &format!("share {name} {value}"), None);
+                Ok(value)
+            }
+            Link::Member(_) => self.wait(|s| s.values.get(name).cloned().map(Ok)),
+        }
     }
 
     /// Ends the run on every rank: the others stop with `message` (which names this rank).
@@ -564,6 +583,11 @@ fn on_leader_event(shared: &Shared, master: &str, event: Event) -> bool {
             match word {
                 "go" => {
                     state.released.insert(rest.into());
+                }
+                "share" => {
+                    if let Some((name, value)) = rest.split_once(' ') {
+                        state.values.insert(name.into(), value.into());
+                    }
                 }
                 "end" if rest == "ok" => state.ended = Some(Ok(())),
                 "end" => state.ended = Some(Err(rest.into())),

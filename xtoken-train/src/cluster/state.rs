@@ -39,6 +39,8 @@ pub(super) struct State {
     pub(super) at: BTreeMap<usize, u64>,
     /// Rank 0: when, and by which rank, each all-reduce was first entered.
     pub(super) reached: BTreeMap<u64, (Instant, usize)>,
+    /// What rank 0 shared with every rank ([`super::Session::share`]), by name.
+    pub(super) values: HashMap<String, String>,
 }
 
 impl Shared {

@@ -178,3 +178,79 @@ impl ValueDtype {
         }
     }
 }
+
+/// `parallel.exchange`: which all-reduce sums the data-parallel workers' gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExchangeChoice {
+    /// NCCL on CUDA devices (where the build has it), the ring elsewhere.
+    Auto,
+    /// NCCL: NVIDIA's collectives over NVLink, PCIe and the network, on CUDA devices only.
+    Nccl,
+    /// xtoken-collective: a tree over one process's devices, a ring over TCP between processes.
+    Ring,
+}
+
+/// The all-reduce a run's workers use, once resolved for its device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExchangeKind {
+    /// NCCL ([`ExchangeChoice::Nccl`]).
+    Nccl,
+    /// xtoken-collective ([`ExchangeChoice::Ring`]).
+    Ring,
+}
+
+/// Whether this build can sum gradients with NCCL: data parallelism (`collective`) and the
+/// CUDA kernels (`cuda` or `cuda-sources`).
+pub const NCCL_BUILT: bool = cfg!(all(feature = "collective", feature = "cuda-sources"));
+
+impl ExchangeKind {
+    /// Its name in logs and plans.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Nccl => "NCCL",
+            Self::Ring => "the ring (xtoken-collective)",
+        }
+    }
+}
+
+impl FromStr for ExchangeChoice {
+    type Err = Error;
+
+    fn from_str(value: &str) -> Result<Self> {
+        match value {
+            "auto" => Ok(Self::Auto),
+            "nccl" => Ok(Self::Nccl),
+            "ring" => Ok(Self::Ring),
+            other => Err(Error::Config(format!(
+                "parallel.exchange = {other:?}: expected \"auto\", \"nccl\" or \"ring\""
+            ))),
+        }
+    }
+}
+
+impl ExchangeChoice {
+    /// The all-reduce of `workers` data-parallel workers on `device`; `None` where nothing is
+    /// exchanged (one worker, unless NCCL is asked for: then it runs alone, as a check). NCCL
+    /// is refused, by name, off CUDA and in a build without it.
+    pub fn resolve(self, device: DeviceKind, workers: usize) -> Result<Option<ExchangeKind>> {
+        let kind =
+            match self {
+                Self::Ring => ExchangeKind::Ring,
+                Self::Auto if device == DeviceKind::Cuda && NCCL_BUILT => ExchangeKind::Nccl,
+                Self::Auto => ExchangeKind::Ring,
+                Self::Nccl if device != DeviceKind::Cuda => {
+                    return Err(Error::Config(format!(
+                    "parallel.exchange = \"nccl\" sums buffers of NVIDIA GPUs: it needs --device \
+                     cuda, not {device:?} (\"ring\" or \"auto\" run on every device)"
+                )))
+                }
+                Self::Nccl if !NCCL_BUILT => return Err(Error::Config(
+                    "parallel.exchange = \"nccl\": this xtoken was built without NCCL (build it \
+                     with `--features cuda,collective`)"
+                        .into(),
+                )),
+                Self::Nccl => return Ok(Some(ExchangeKind::Nccl)),
+            };
+        Ok((workers > 1).then_some(kind))
+    }
+}

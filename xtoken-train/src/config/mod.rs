@@ -33,7 +33,10 @@ pub mod choices;
 #[cfg(test)]
 mod reference;
 
-pub use choices::{DeviceKind, DtypeChoice, ScalingScope, TaskName, ValueDtype};
+pub use choices::{
+    DeviceKind, DtypeChoice, ExchangeChoice, ExchangeKind, ScalingScope, TaskName, ValueDtype,
+    NCCL_BUILT,
+};
 
 use crate::error::{Context, Error, Failures, Result};
 use serde::{Deserialize, Serialize};
@@ -87,6 +90,33 @@ pub struct RunConfig {
     /// `[teach]`: what `xtoken teach` stores of each teacher.
     #[serde(default)]
     pub teach: TeachConfig,
+    /// `[parallel]`: how data-parallel workers sum their gradients.
+    #[serde(default)]
+    pub parallel: ParallelConfig,
+}
+
+/// How the data-parallel workers of a run (several devices, processes or machines) sum each
+/// step's gradients.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ParallelConfig {
+    /// `auto` (NCCL on CUDA devices, the ring elsewhere), `nccl` (NVIDIA's collectives between
+    /// GPUs and machines; CUDA only, and with one worker it still runs, as a check) or `ring`
+    /// (xtoken-collective: a tree over a process's devices, a ring over TCP between processes).
+    pub exchange: String,
+    /// Megabytes of gradients per all-reduce: the gradients are gathered into buckets of this
+    /// size in the order the backward produces them, and each is sent once it is gathered (as
+    /// PyTorch DDP's 25 MB buckets).
+    pub bucket_mb: f64,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        ParallelConfig {
+            exchange: "auto".into(),
+            bucket_mb: 25.0,
+        }
+    }
 }
 
 /// What `xtoken teach` keeps of each teacher's pass over the data.
@@ -793,6 +823,8 @@ impl RunConfig {
             ))));
         }
         f.note(self.training.validate());
+        f.note(self.exchange_choice());
+        f.note(positive("parallel.bucket_mb", self.parallel.bucket_mb));
         if let Some(on_policy) = &self.on_policy {
             f.note(on_policy.validate(self.training.context_length));
             if on_policy.prompt_field.is_some() && self.data.cache.is_some() {
@@ -948,6 +980,16 @@ impl RunConfig {
                 "data.packing = {other:?}: expected \"concatenate\" or \"document\""
             ))),
         }
+    }
+
+    /// Which all-reduce sums the workers' gradients (`parallel.exchange`).
+    pub fn exchange_choice(&self) -> Result<ExchangeChoice> {
+        self.parallel.exchange.parse()
+    }
+
+    /// Bytes of gradients per all-reduce (`parallel.bucket_mb`), at least one.
+    pub fn bucket_bytes(&self) -> usize {
+        ((self.parallel.bucket_mb * 1e6) as usize).max(1)
     }
 
     /// How `xtoken teach` stores values (`teach.dtype`).

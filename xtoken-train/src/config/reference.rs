@@ -243,7 +243,7 @@ mod tests {
         let source = std::fs::read_to_string(root.join("src/config/mod.rs")).unwrap();
         let structs = super::declared(&source);
         let run = &structs["RunConfig"];
-        assert_eq!(run.fields.len(), 13);
+        assert_eq!(run.fields.len(), 14);
         assert!(
             !run.fields
                 .iter()

@@ -6,10 +6,10 @@
 use std::hash::Hasher;
 
 use crate::backend::{on_backend, OnBackend, TrainBackend};
-use crate::cluster::parallel::{run_workers, Nodes, Worker, DATA_PARALLEL};
+use crate::cluster::parallel::{run_workers, ExchangeSettings, Nodes, Worker, DATA_PARALLEL};
 use crate::cluster::{join_as_node, Placement, Plan, Session, Timeouts};
-use crate::config::DeviceKind;
 use crate::config::RunConfig;
+use crate::config::{DeviceKind, ExchangeKind};
 use crate::error::{Error, Result};
 use crate::train::inputs::prepare_shared_files;
 use crate::train::options::RunOptions;
@@ -106,11 +106,12 @@ impl OnBackend for TrainJob<'_> {
         if let Some(placement) = placement {
             return across_processes::<B>(config, options, devices, &placement, kind);
         }
-        if devices.len() == 1 {
+        let count = devices.len();
+        let exchange = exchange_of(&config, kind, count)?;
+        if count == 1 && exchange.is_none() {
             let device = devices.remove(0);
             return train::<B>(config, options, device, Worker::alone());
         }
-        let count = devices.len();
         if !DATA_PARALLEL {
             return Err(Error::Parallel(format!(
                 "{count} devices: data-parallel training needs an xtoken built with `--features collective`"
@@ -118,12 +119,30 @@ impl OnBackend for TrainJob<'_> {
         }
         config.grad_accum(count)?;
         prepare_shared_files(&config)?;
-        let summary = train_workers::<B>(config, options, devices, None)?;
+        let settings = settings_of(&config, exchange);
+        let summary = train_workers::<B>(config, options, devices, None, settings)?;
         tracing::info!(
             "{count} workers ended with identical parameters (fingerprint {:016x})",
             summary.fingerprint
         );
         Ok(summary)
+    }
+}
+
+/// The exchange of `workers` workers on `kind` (`parallel.exchange` resolved); `None`: alone.
+fn exchange_of(
+    config: &RunConfig,
+    kind: DeviceKind,
+    workers: usize,
+) -> Result<Option<ExchangeKind>> {
+    config.exchange_choice()?.resolve(kind, workers)
+}
+
+/// The exchange's settings for the workers.
+fn settings_of(config: &RunConfig, exchange: Option<ExchangeKind>) -> ExchangeSettings {
+    ExchangeSettings {
+        kind: exchange.unwrap_or(ExchangeKind::Ring),
+        bucket_bytes: config.bucket_bytes(),
     }
 }
 
@@ -134,8 +153,9 @@ fn train_workers<B: TrainBackend>(
     options: &RunOptions,
     devices: Vec<B::Device>,
     nodes: Option<&Nodes>,
+    settings: ExchangeSettings,
 ) -> Result<RunSummary> {
-    let summaries = run_workers::<B, _, _>(devices, nodes, |worker, device| {
+    let summaries = run_workers::<B, _, _>(devices, nodes, settings, |worker, device| {
         train::<B>(config.clone(), options, device, worker)
     })?;
     let fingerprints: Vec<u64> = summaries.iter().map(|s| s.fingerprint).collect();
@@ -170,11 +190,15 @@ fn across_processes<B: TrainBackend>(
         workers: local,
         hash: plan_hash(&config, options, kind)?,
     };
-    let (session, nodes) = join_as_node(placement, plan, Timeouts::from_env()?)?;
+    let exchange = exchange_of(&config, kind, local * world)?;
+    let settings = settings_of(&config, exchange);
+    let (session, nodes) = join_as_node(placement, plan, Timeouts::from_env()?, settings.kind)?;
     tracing::info!(
-        "rank {rank} of {world} ({}): {local} worker(s) here, {} in all; reached at {}",
+        "rank {rank} of {world} ({}): {local} worker(s) here, {} in all, summing over {}; \
+         reached at {}",
         placement.launcher,
         local * world,
+        settings.kind.name(),
         session.host
     );
     if rank == 0 {
@@ -188,8 +212,8 @@ fn across_processes<B: TrainBackend>(
     // preparation elsewhere.
     session.barrier("prepared")?;
     let options = options.clone();
-    let summary =
-        session.run(move || train_workers::<B>(config, &options, devices, Some(&nodes)))?;
+    let summary = session
+        .run(move || train_workers::<B>(config, &options, devices, Some(&nodes), settings))?;
     session.finish(summary.fingerprint)?;
     if rank == 0 {
         tracing::info!(

@@ -11,7 +11,7 @@ use xtoken_core::loss::LossKind;
 use xtoken_core::projection::SparseProjection;
 use xtoken_core::vocab::Vocabulary;
 
-use crate::config::DeviceKind;
+use crate::config::{DeviceKind, ExchangeKind};
 use crate::config::{DtypeChoice, OnPolicyConfig, RunConfig};
 use crate::data::packer::PROMPTLESS_STREAMED;
 use crate::data::pipeline::PIECE_BYTES;
@@ -48,6 +48,9 @@ pub struct Preflight {
     /// With `[on_policy]`: its settings, the sequences of a step, and the bytes of the key/value
     /// cache the student writes `generation_batch` sequences with.
     pub on_policy: Option<(OnPolicyConfig, usize, u64)>,
+    /// How the workers sum their gradients (`None`: one worker, nothing exchanged), with the
+    /// NCCL library found, and the bytes per bucket.
+    pub exchange: Option<(ExchangeKind, Option<String>, usize)>,
 }
 
 /// One data source of the plan.
@@ -153,6 +156,7 @@ fn plan(
         return None;
     }
     check_settings(config, target, options, failures);
+    let exchange = exchange_plan(config, target, failures);
     let accum = failures.note(config.grad_accum(workers));
     let inputs = failures.note(RunInputs::read(config))?;
     check_inputs(config, &inputs, options, failures);
@@ -186,6 +190,7 @@ fn plan(
     });
     Some(Preflight {
         on_policy,
+        exchange,
         workers,
         steps: t.steps,
         accum,
@@ -224,6 +229,27 @@ fn check_settings(
     }
     failures.note(check_outputs(config, options, true));
     failures.note(crate::backend::check_device(config, target.kind));
+}
+
+/// The exchange the workers will sum through (`parallel.exchange` on the target), and for NCCL
+/// the library this process loads (its absence is a failure, naming where it looked).
+fn exchange_plan(
+    config: &RunConfig,
+    target: Target,
+    failures: &mut Failures,
+) -> Option<(ExchangeKind, Option<String>, usize)> {
+    let choice = config.exchange_choice().ok()?;
+    let kind = failures.note(choice.resolve(target.kind, target.workers))??;
+    let library = match kind {
+        ExchangeKind::Ring => None,
+        ExchangeKind::Nccl => {
+            let found = xtoken_kernels::nccl::found()
+                .map_err(|e| Error::Config(format!("parallel.exchange = NCCL: {e}")));
+            let (path, version) = failures.note(found)?;
+            Some(format!("{version} at {}", path.display()))
+        }
+    };
+    Some((kind, library, config.bucket_bytes()))
 }
 
 /// The very checks `train` makes of its inputs before it loads a weight: the benchmarks'
@@ -774,6 +800,18 @@ impl fmt::Display for Preflight {
             self.tokens_per_step,
             (self.steps * self.tokens_per_step) as f64 / 1e9
         )?;
+        match &self.exchange {
+            None => writeln!(f, "gradient exchange: none (one worker)")?,
+            Some((kind, library, bucket)) => writeln!(
+                f,
+                "gradient exchange: {}{} in buckets of {}",
+                kind.name(),
+                library
+                    .as_ref()
+                    .map_or(String::new(), |l| format!(" (libnccl {l})")),
+                gb(*bucket as u64)
+            )?,
+        }
         writeln!(
             f,
             "student {} ({params} parameters, {dtype:?}, computing in {:?})",

@@ -134,20 +134,21 @@ fn a_failing_worker_ends_every_worker_with_its_error() {
         let counter = exchanged.clone();
         std::thread::spawn(move || {
             let devices = vec![Default::default(); 3];
-            let result = run_workers::<Cpu, _, _>(devices, None, |worker, device| {
-                for exchange in 0..4 {
-                    if worker.rank == failing && exchange == before {
-                        // The others are waiting in this exchange by now.
-                        std::thread::sleep(std::time::Duration::from_millis(300));
-                        assert!(!panics, "the test's panic");
-                        return Err(Error::Memory("the test's failure".into()));
+            let result =
+                run_workers::<Cpu, _, _>(devices, None, Default::default(), |worker, device| {
+                    for exchange in 0..4 {
+                        if worker.rank == failing && exchange == before {
+                            // The others are waiting in this exchange by now.
+                            std::thread::sleep(std::time::Duration::from_millis(300));
+                            assert!(!panics, "the test's panic");
+                            return Err(Error::Memory("the test's failure".into()));
+                        }
+                        let flat = Tensor::<NdArray, 1>::ones([8], &device);
+                        worker.sum_flat(flat)?;
+                        counter.fetch_add(1, Ordering::SeqCst);
                     }
-                    let flat = Tensor::<NdArray, 1>::ones([8], &device);
-                    worker.sum_flat(flat)?;
-                    counter.fetch_add(1, Ordering::SeqCst);
-                }
-                Ok(worker.rank)
-            });
+                    Ok(worker.rank)
+                });
             let _ = tx.send(result.map_err(|e| e.report()));
         });
         let result = rx
@@ -162,5 +163,81 @@ fn a_failing_worker_ends_every_worker_with_its_error() {
         };
         assert!(report.contains(cause), "{report}");
         assert_eq!(exchanged.load(Ordering::SeqCst), 3 * before, "{report}");
+    }
+}
+
+/// Gradients sent in buckets of 500 bytes (dozens of all-reduces a step: small gradients share
+/// one, each large one has its own) sum to what one bucket of everything sums: the same
+/// parameters and metrics, bit for bit (a sum of two workers' values does not depend on how
+/// they were cut).
+#[test]
+fn buckets_of_any_size_sum_as_one_exchange_does() {
+    let f = fixture("ddp-buckets");
+    let run = |name: &str, mb: &str| {
+        let extra = format!("save_dtype = \"f32\"\n\n[parallel]\nbucket_mb = {mb}");
+        ok(train(&config(&f, name, &extra), &["--devices", "0,1"]));
+        let dir = f.dir.0.join(name);
+        (parameters(&dir.join("student")), rows(&dir))
+    };
+    let (whole, whole_rows) = run("one-bucket", "1000");
+    let (cut, cut_rows) = run("many-buckets", "0.0005");
+    assert_eq!(whole.len(), cut.len());
+    let differ = whole
+        .iter()
+        .zip(&cut)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(differ, 0, "parameters that differ");
+    assert_eq!(whole_rows, cut_rows);
+    let moved = xtoken_testkit::max_abs_diff("trained vs initial", &whole, &parameters(&f.student));
+    assert!(moved > 1e-4, "{moved}");
+}
+
+/// `--check` names the exchange (none for one worker, the ring and its buckets for two CPU
+/// workers); NCCL off CUDA and an unknown exchange are refused by name, by `--check` and by
+/// `train` alike, before anything is written.
+#[test]
+fn the_check_names_the_exchange_and_refuses_nccl_off_cuda() {
+    let f = fixture("ddp-exchange");
+    let plan = |extra: &str, args: &[&str]| {
+        let path = config(&f, "planned", extra);
+        let mut all = vec!["--check"];
+        all.extend_from_slice(args);
+        let out = train(&path, &all);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    assert!(plan("", &[]).contains("gradient exchange: none (one worker)"));
+    let two = plan("[parallel]\nbucket_mb = 4", &["--devices", "0,1"]);
+    assert!(
+        two.contains("gradient exchange: the ring (xtoken-collective) in buckets of 4.00 MB"),
+        "{two}"
+    );
+    for (value, expected) in [
+        (
+            "\"nccl\"",
+            "parallel.exchange = \"nccl\" sums buffers of NVIDIA GPUs: it needs --device cuda",
+        ),
+        (
+            "\"mpi\"",
+            "parallel.exchange = \"mpi\": expected \"auto\", \"nccl\" or \"ring\"",
+        ),
+    ] {
+        let path = config(&f, "refused", &format!("[parallel]\nexchange = {value}"));
+        for args in train_and_check(path.to_str().unwrap(), &[]) {
+            let out = xtoken(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{args:?}");
+            assert!(err.contains(expected), "{args:?}: {err}");
+        }
+        assert!(
+            !f.dir.0.join("refused").exists(),
+            "a refused run wrote its directory"
+        );
     }
 }

@@ -14,8 +14,9 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use xtoken_models::Transformer;
-use xtoken_train::cluster::parallel::run_workers;
+use xtoken_train::cluster::parallel::{run_workers, ExchangeSettings};
 use xtoken_train::cluster::{free_port_pair, join_as_node, Placement, Plan, Timeouts};
+use xtoken_train::config::ExchangeKind;
 
 /// torchrun's variables for `rank` of `world` processes on this machine, and short timeouts
 /// (unless the command sets its own).
@@ -355,6 +356,23 @@ fn processes_that_cannot_train_together_are_refused_by_name() {
     );
 }
 
+/// Runs the ignored test `name` of this module in `world` processes with torchrun's variables;
+/// each must pass. Returns its path and each process's log.
+fn children(name: &str, world: usize) -> (String, Vec<String>) {
+    let dir = std::env::temp_dir().join(format!("xtoken-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let child = xtoken_testkit::process::test_path(module_path!(), name);
+    let run = Processes::start(&dir, name, world, |_| {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args([child.as_str(), "--exact", "--ignored", "--nocapture"]);
+        c
+    });
+    let (ok, logs) = run.wait(Duration::from_secs(120));
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(ok.iter().all(|&ok| ok), "{}", logs.join("\n---\n"));
+    (child, logs)
+}
+
 /// Runs in each child process of the test below (ignored when run directly).
 #[test]
 #[ignore = "a child process of `exchanges_of_every_size_repeat_across_processes`"]
@@ -365,9 +383,10 @@ fn exchange_child() {
         hash: 7,
     };
     let timeouts = Timeouts::from_env().unwrap();
-    let (session, nodes) = join_as_node(&placement, plan, timeouts).unwrap();
+    let (session, nodes) = join_as_node(&placement, plan, timeouts, ExchangeKind::Ring).unwrap();
     let devices = vec![Default::default()];
-    run_workers::<Autodiff<NdArray>, _, _>(devices, Some(&nodes), |worker, device| {
+    let settings = ExchangeSettings::default();
+    run_workers::<Autodiff<NdArray>, _, _>(devices, Some(&nodes), settings, |worker, device| {
         for round in 0..30usize {
             let size = 1 + (round * 7) % 40;
             let values: Vec<f64> = (0..size)
@@ -388,17 +407,7 @@ fn exchange_child() {
 /// all-reduce hung (tracel-ai/burn#4549); xtoken-collective gives each its own.
 #[test]
 fn exchanges_of_every_size_repeat_across_processes() {
-    let dir = std::env::temp_dir().join(format!("xtoken-exchange-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let child = xtoken_testkit::process::test_path(module_path!(), "exchange_child");
-    let run = Processes::start(&dir, "exchange", 2, |_| {
-        let mut c = Command::new(std::env::current_exe().unwrap());
-        c.args([child.as_str(), "--exact", "--ignored", "--nocapture"]);
-        c
-    });
-    let (ok, logs) = run.wait(Duration::from_secs(120));
-    std::fs::remove_dir_all(&dir).ok();
-    assert_eq!(ok, [true, true], "{}", logs.join("\n---\n"));
+    let (child, logs) = children("exchange_child", 2);
     for log in &logs {
         assert!(log.contains(&format!("test {child} ... ok")), "{log}");
     }
@@ -430,5 +439,78 @@ fn the_exchange_benchmark_measures_between_processes() {
             1,
             "{table}"
         );
+    }
+}
+
+/// NCCL's library, as the tests find it: `XTOKEN_NCCL` (CI: the wheel `nvidia-nccl-cu12` that
+/// `scripts/nccl-library.sh` installs), else where NCCL's users keep it.
+#[cfg(feature = "cuda-sources")]
+fn nccl_found() -> (PathBuf, String) {
+    xtoken_kernels::nccl::found().unwrap_or_else(|e| {
+        panic!("{e}\n(for the tests: XTOKEN_NCCL=\"$(bash scripts/nccl-library.sh)\")")
+    })
+}
+
+/// Runs in each child process of the test below (ignored when run directly): joins the
+/// session and prints the NCCL id rank 0 made, as the session carried it here.
+#[cfg(feature = "cuda-sources")]
+#[test]
+#[ignore = "a child process of `the_nccl_id_rank_0_makes_reaches_every_process_byte_for_byte`"]
+fn nccl_id_child() {
+    use xtoken_train::cluster::{share_nccl_id, Session};
+    let placement = Placement::from_env().unwrap().expect("torchrun variables");
+    let plan = Plan {
+        workers: 1,
+        hash: 11,
+    };
+    let session = Session::join(&placement, plan, Timeouts::from_env().unwrap()).unwrap();
+    let id = share_nccl_id(&session).unwrap();
+    println!("nccl id: {}", id.to_hex());
+    session.finish(0).unwrap();
+}
+
+/// Rank 0 loads libnccl (no GPU needed), makes a unique id, and the session carries it to two
+/// other processes: all three print the same 128 bytes.
+#[cfg(feature = "cuda-sources")]
+#[test]
+fn the_nccl_id_rank_0_makes_reaches_every_process_byte_for_byte() {
+    nccl_found();
+    let (_, logs) = children("nccl_id_child", 3);
+    let ids: Vec<&str> = logs
+        .iter()
+        .map(|log| {
+            let line = log.lines().find_map(|l| l.strip_prefix("nccl id: "));
+            line.unwrap_or_else(|| panic!("no id printed:\n{log}"))
+        })
+        .collect();
+    assert_eq!(ids[0].len(), 256, "{}", ids[0]);
+    assert!(ids[0].chars().any(|c| c != '0'), "an id of zeros");
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+}
+
+/// Creating a communicator on a machine without a GPU is an error naming the device and NCCL's
+/// own words, at once: no panic, no hang. (With a driver, a communicator of one is created.)
+#[cfg(feature = "cuda-sources")]
+#[test]
+fn a_communicator_without_a_device_is_an_error_naming_it() {
+    use xtoken_kernels::nccl::{Communicator, UniqueId};
+    nccl_found();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let id = UniqueId::new().unwrap();
+        let made = Communicator::init(0, 0, 1, &id).map(|c| c.name().to_string());
+        let _ = tx.send(made.map_err(|e| e.to_string()));
+    });
+    let made = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("creating the communicator hangs");
+    match xtoken_kernels::device::missing_cuda_driver() {
+        None => assert_eq!(made.unwrap(), "cuda:0 (rank 0 of 1)"),
+        Some(_) => {
+            let e = made.expect_err("no GPU here");
+            assert!(e.contains("cuda:0 (rank 0 of 1)"), "{e}");
+            assert!(e.contains("ncclCommInitRank"), "{e}");
+            assert!(e.contains("CUDA driver"), "{e}");
+        }
     }
 }
