@@ -238,6 +238,39 @@ pub fn found() -> Result<(PathBuf, String), NcclError> {
     Ok((lib.path.clone(), version))
 }
 
+/// Checks, before any worker joins a communicator, that NCCL loads and that the CUDA devices
+/// `indices` exist: a worker that failed to join would leave the others waiting in NCCL's
+/// initialization, which cannot be interrupted.
+pub fn check_devices(indices: &[usize]) -> Result<(), NcclError> {
+    library()?;
+    let first = indices.first().copied().unwrap_or(0);
+    let refused = |device: usize, message: String| NcclError::Call {
+        call: "NCCL's devices",
+        device: format!("cuda:{device}"),
+        message,
+    };
+    #[cfg(feature = "cuda")]
+    {
+        if let Some(missing) = crate::device::missing_cuda_driver() {
+            return Err(refused(first, missing));
+        }
+        let count = cudarc::driver::CudaContext::device_count()
+            .map_err(|e| refused(first, format!("counting the CUDA devices: {e:?}")))?;
+        match indices.iter().find(|&&i| i >= count.max(0) as usize) {
+            Some(&missing) => Err(refused(
+                missing,
+                format!("this machine shows {count} CUDA device(s) (CUDA_VISIBLE_DEVICES applies)"),
+            )),
+            None => Ok(()),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    Err(refused(
+        first,
+        "this build has no CUDA backend (feature `cuda`)".into(),
+    ))
+}
+
 /// A communicator's unique id: rank 0 makes it, and every rank that creates a communicator
 /// with it joins the same one, in whichever process.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -1,11 +1,13 @@
-//! Workers and processes: the gradient exchange between data-parallel workers ([`parallel`],
-//! through xtoken-collective), where this process sits in a run of several ([`Placement`], from
-//! torchrun's or srun's variables), the session that joins the processes and watches them
-//! ([`Session`]), and [`join_as_node`], which starts xtoken-collective's orchestrator on rank 0.
+//! Workers and processes: the gradient exchange between data-parallel workers ([`parallel`]:
+//! NCCL on CUDA or xtoken-collective's ring, in [`buckets`]), where this process sits in a run of
+//! several ([`Placement`], from torchrun's or srun's variables), the session that joins the
+//! processes and watches them ([`Session`]), and [`join_as_node`], which starts
+//! xtoken-collective's orchestrator on rank 0, or carries NCCL's unique id from rank 0 to every
+//! process.
 //!
 //! It stands on the ground only (`error`); the training stage runs its workers through it.
 
-mod buckets;
+pub mod buckets;
 mod exchanges;
 mod join;
 pub mod parallel;
@@ -15,7 +17,6 @@ mod state;
 #[cfg(feature = "collective")]
 mod workers;
 
-pub use buckets::plan as bucket_plan;
 pub use exchanges::ExchangeLog;
 pub use join::{free_port_pair, join_as_node, share_nccl_id, start_orchestrator};
 pub use placement::{first_host, Placement};

@@ -110,6 +110,26 @@ pub struct Worker {
     pub log: Option<ExchangeLog>,
     /// Bytes of gradients per all-reduce.
     pub bucket_bytes: usize,
+    /// Set when another worker of this process fails: a wait on NCCL ends on it.
+    pub halt: Arc<Halt>,
+}
+
+/// The first failure among the workers of one process, which ends the others' waits on NCCL
+/// (a sum a failed worker never joins would otherwise wait forever).
+#[derive(Debug, Default)]
+pub struct Halt(std::sync::Mutex<Option<String>>);
+
+impl Halt {
+    /// Notes why the workers stop (the first reason is kept).
+    pub fn stop(&self, why: String) {
+        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert(why);
+    }
+
+    /// Why they stop, once a worker failed.
+    pub fn stopped(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// What the workers sum after each step: the student's gradients, each learnable W's, and the
@@ -144,6 +164,7 @@ impl Worker {
             link: None,
             log: None,
             bucket_bytes: ExchangeSettings::default().bucket_bytes,
+            halt: Arc::default(),
         }
     }
 
@@ -186,8 +207,11 @@ impl Worker {
             #[cfg(feature = "collective")]
             Link::Ring(_) => Ok(()),
             Link::Nccl(comm) => {
-                let log = self.log.clone();
-                let stop = move || log.as_ref().and_then(ExchangeLog::stopped);
+                let (log, halt) = (self.log.clone(), self.halt.clone());
+                let stop = move || {
+                    let session = log.as_ref().and_then(ExchangeLog::stopped);
+                    session.or_else(|| halt.stopped())
+                };
                 comm.wait(NCCL_POLL, &stop)
                     .map_err(|e| Error::Parallel(e.to_string()))
             }

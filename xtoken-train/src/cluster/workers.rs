@@ -10,7 +10,7 @@ use xtoken_collective::{self as collective, AllReduceStrategy, CollectiveConfig,
 use xtoken_kernels::nccl::{Communicator, UniqueId};
 
 use super::exchanges::ExchangeLog;
-use super::parallel::{ExchangeSettings, Link, Nodes, Worker};
+use super::parallel::{ExchangeSettings, Halt, Link, Nodes, Worker};
 use crate::config::ExchangeKind;
 use crate::error::{Error, Result};
 
@@ -74,6 +74,7 @@ fn leave<B: AutodiffBackend>(rank: usize, link: &Link) -> Result<()> {
 fn worker<B, T, F>(
     place: Place,
     (device, log, bucket_bytes): (B::Device, Option<ExchangeLog>, usize),
+    halt: &Arc<Halt>,
     how: &Join,
     (work, first): (&F, &FirstError),
 ) -> Option<T>
@@ -95,6 +96,7 @@ where
         link: Some(link.clone()),
         log,
         bucket_bytes,
+        halt: halt.clone(),
     };
     let run = std::panic::AssertUnwindSafe(|| work(worker, device));
     let value = match std::panic::catch_unwind(run) {
@@ -114,8 +116,9 @@ where
         }
     };
     if value.is_none() {
+        // The others may wait in a sum this worker will not join.
+        halt.stop(format!("worker {rank} failed"));
         if let Link::Nccl(comm) = &link {
-            // The others wait in a sum this worker will not join.
             comm.abort();
         }
     }
@@ -167,7 +170,8 @@ fn joining<B: AutodiffBackend>(
         })?,
         None => UniqueId::new().map_err(|e| Error::Parallel(e.to_string()))?,
     };
-    let indices = devices.iter().map(device_index::<B>).collect();
+    let indices: Vec<usize> = devices.iter().map(device_index::<B>).collect();
+    xtoken_kernels::nccl::check_devices(&indices).map_err(|e| Error::Parallel(e.to_string()))?;
     Ok(Join::Nccl(id, Arc::new(indices)))
 }
 
@@ -196,16 +200,17 @@ where
     let how = joining::<B>(&devices, nodes, settings.kind)?;
     let (start, count) = nodes.map_or((0, local), |n| (n.rank * local, n.count * local));
     let first = FirstError::default();
+    let halt = Arc::new(Halt::default());
     std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(local);
         for (i, device) in devices.into_iter().enumerate() {
-            let (how, jobs, rank) = (&how, (&work, &first), start + i);
+            let (how, jobs, rank, halt) = (&how, (&work, &first), start + i, &halt);
             let log = nodes.and_then(|n| n.logs.get(i).cloned());
             let own = (device, log, settings.bucket_bytes);
             let handle = std::thread::Builder::new()
                 .name(format!("xtoken-worker-{rank}"))
                 .spawn_scoped(scope, move || {
-                    worker::<B, T, F>((rank, count, i), own, how, jobs)
+                    worker::<B, T, F>((rank, count, i), own, halt, how, jobs)
                 })?;
             handles.push(handle);
         }
