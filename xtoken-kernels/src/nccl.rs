@@ -156,8 +156,13 @@ fn python_prefixes() -> Vec<PathBuf> {
 }
 
 fn load() -> Result<Library, NcclError> {
+    load_from(candidates())
+}
+
+/// The first of `paths` that loads as NCCL, or every path with why it did not.
+fn load_from(paths: Vec<PathBuf>) -> Result<Library, NcclError> {
     let mut looked = Vec::new();
-    for path in candidates() {
+    for path in paths {
         // SAFETY: loading NCCL runs its initializers, which touch nothing of this process.
         match unsafe { libloading::Library::new(&path) } {
             Ok(lib) => return bind(lib, path),
@@ -672,5 +677,50 @@ where
 
     fn name_static() -> &'static str {
         B::name_static()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{candidates, load_from, NcclError, UniqueId};
+    use std::path::PathBuf;
+
+    /// XTOKEN_NCCL first (a directory gets the library's name), then NCCL_HOME/lib, then the
+    /// loader's own search by name.
+    #[test]
+    fn the_named_places_come_first() {
+        std::env::set_var("XTOKEN_NCCL", "/opt/named-nccl");
+        std::env::set_var("NCCL_HOME", "/opt/nccl-home");
+        let found = candidates();
+        std::env::remove_var("XTOKEN_NCCL");
+        std::env::remove_var("NCCL_HOME");
+        let expected: Vec<PathBuf> = [
+            "/opt/named-nccl/libnccl.so.2",
+            "/opt/nccl-home/lib/libnccl.so.2",
+            "libnccl.so.2",
+        ]
+        .map(PathBuf::from)
+        .into();
+        assert_eq!(found[..3], expected[..]);
+    }
+
+    /// Not found: each place tried, with why, and what to do.
+    #[test]
+    fn a_missing_library_names_where_it_looked() {
+        let e = match load_from(vec![PathBuf::from("/nowhere/libnccl.so.2")]) {
+            Err(e @ NcclError::NotFound { .. }) => e.to_string(),
+            Err(other) => panic!("another error: {other}"),
+            Ok(_) => panic!("a library at /nowhere"),
+        };
+        assert!(e.contains("/nowhere/libnccl.so.2 ("), "{e}");
+        assert!(e.contains("XTOKEN_NCCL"), "{e}");
+    }
+
+    #[test]
+    fn an_id_travels_as_hex() {
+        let id = UniqueId(std::array::from_fn(|i| (i * 7) as u8));
+        assert_eq!(UniqueId::from_hex(&id.to_hex()), Some(id));
+        assert_eq!(UniqueId::from_hex("00"), None);
+        assert_eq!(UniqueId::from_hex(&"zz".repeat(128)), None);
     }
 }

@@ -15,8 +15,10 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::{Device, Tensor};
 use xtoken::loss::{ce, pkl, LossParams, TeacherTargets};
 use xtoken::models::CausalLm;
-use xtoken::train::cluster::parallel::{run_workers, Exchange, ExchangeSettings, Worker};
-use xtoken::train::cluster::{free_port_pair, join_as_node, Placement, Plan, Timeouts};
+use xtoken::train::cluster::parallel::{Exchange, ExchangeSettings, Worker};
+use xtoken::train::cluster::{
+    free_port_pair, join_as_node, run_workers, Placement, Plan, Timeouts,
+};
 use xtoken::train::config::ExchangeKind;
 
 use crate::own_loop::{student_inputs, teacher_logits, Setup, TEXTS};

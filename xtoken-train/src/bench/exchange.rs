@@ -25,8 +25,8 @@ use serde_json::json;
 use super::median;
 use xtoken_kernels::nccl::NcclBackend;
 use xtoken_train::backend::{on_backend, OnBackend, TrainBackend};
-use xtoken_train::cluster::parallel::{run_workers, ExchangeSettings, Worker};
-use xtoken_train::cluster::{free_port_pair, join_as_node, Placement, Plan, Timeouts};
+use xtoken_train::cluster::parallel::{ExchangeSettings, Worker};
+use xtoken_train::cluster::{free_port_pair, join_as_node, run_workers, Placement, Plan, Timeouts};
 use xtoken_train::config::{DeviceKind, ExchangeChoice, ExchangeKind};
 
 /// Arguments of `xtoken bench exchange`.

@@ -15,8 +15,31 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor, TensorData};
 use xtoken_core::loss::pkl::LearnableProjection;
 
-use super::parallel::{Exchange, Summed};
 use crate::error::{Error, Result};
+use xtoken_models::Transformer;
+
+/// What the workers sum after each step: the student's gradients, each learnable W's, and the
+/// step's metric sums.
+pub struct Exchange<'a, B: AutodiffBackend> {
+    /// Gives the parameters' order, the same on every worker.
+    pub student: &'a Transformer<B>,
+    /// The student's gradients, summed over this worker's micro-batches.
+    pub student_grads: GradientsParams,
+    /// Per teacher: its learnable W and W's gradients.
+    pub projections: Vec<Option<(&'a LearnableProjection<B>, GradientsParams)>>,
+    /// The step's metric sums.
+    pub values: Vec<f64>,
+}
+
+/// The summed result of an [`Exchange`].
+pub struct Summed {
+    /// The student's gradients.
+    pub student_grads: GradientsParams,
+    /// Per teacher, W's gradients.
+    pub projection_grads: Vec<Option<GradientsParams>>,
+    /// The metric sums.
+    pub values: Vec<f64>,
+}
 
 /// One gradient taken out of its module: its parameter, dtype and values flattened.
 struct Taken<B: Backend> {

@@ -12,7 +12,7 @@ use xtoken_kernels::nccl::UniqueId;
 /// `exchange`. The ring: rank 0 starts xtoken-collective's orchestrator on the port after the
 /// rendezvous's. NCCL: rank 0 makes the communicator's unique id and the session carries it to
 /// every process (a rank 0 that cannot load NCCL ends every rank, naming where it looked).
-/// Returns the session and the node as [`crate::cluster::parallel::run_workers`] takes it.
+/// Returns the session and the node as [`crate::cluster::run_workers`] takes it.
 pub fn join_as_node(
     placement: &Placement,
     plan: Plan,

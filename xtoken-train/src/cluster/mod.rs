@@ -21,3 +21,24 @@ pub use exchanges::ExchangeLog;
 pub use join::{free_port_pair, join_as_node, share_nccl_id, start_orchestrator};
 pub use placement::{first_host, Placement};
 pub use session::{Plan, Session, Timeouts};
+#[cfg(feature = "collective")]
+pub use workers::run_workers;
+
+/// Refuses: this build has no data-parallel support.
+#[cfg(not(feature = "collective"))]
+pub fn run_workers<B, T, F>(
+    devices: Vec<B::Device>,
+    _nodes: Option<&parallel::Nodes>,
+    _settings: parallel::ExchangeSettings,
+    _work: F,
+) -> crate::error::Result<Vec<T>>
+where
+    B: burn::tensor::backend::AutodiffBackend,
+    T: Send,
+    F: Fn(parallel::Worker, B::Device) -> crate::error::Result<T> + Sync,
+{
+    Err(crate::error::Error::Parallel(format!(
+        "{} devices: data-parallel training needs an xtoken built with `--features collective`",
+        devices.len()
+    )))
+}

@@ -30,13 +30,11 @@
 use std::sync::Arc;
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
-use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
-use xtoken_core::loss::pkl::LearnableProjection;
 use xtoken_kernels::nccl::{Communicator, NcclBackend, UniqueId};
-use xtoken_models::Transformer;
 
+pub use super::buckets::{Exchange, Summed};
 use super::exchanges::ExchangeLog;
 use crate::config::ExchangeKind;
 use crate::error::{Error, Result};
@@ -130,29 +128,6 @@ impl Halt {
     pub fn stopped(&self) -> Option<String> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
-}
-
-/// What the workers sum after each step: the student's gradients, each learnable W's, and the
-/// step's metric sums.
-pub struct Exchange<'a, B: AutodiffBackend> {
-    /// Gives the parameters' order, the same on every worker.
-    pub student: &'a Transformer<B>,
-    /// The student's gradients, summed over this worker's micro-batches.
-    pub student_grads: GradientsParams,
-    /// Per teacher: its learnable W and W's gradients.
-    pub projections: Vec<Option<(&'a LearnableProjection<B>, GradientsParams)>>,
-    /// The step's metric sums.
-    pub values: Vec<f64>,
-}
-
-/// The summed result of an [`Exchange`].
-pub struct Summed {
-    /// The student's gradients.
-    pub student_grads: GradientsParams,
-    /// Per teacher, W's gradients.
-    pub projection_grads: Vec<Option<GradientsParams>>,
-    /// The metric sums.
-    pub values: Vec<f64>,
 }
 
 impl Worker {
@@ -306,28 +281,6 @@ pub fn fingerprint<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> u64 
     let mut hash = Hash(std::collections::hash_map::DefaultHasher::new());
     module.visit(&mut hash);
     hash.0.finish()
-}
-
-#[cfg(feature = "collective")]
-pub use super::workers::run_workers;
-
-/// Refuses: this build has no data-parallel support.
-#[cfg(not(feature = "collective"))]
-pub fn run_workers<B, T, F>(
-    devices: Vec<B::Device>,
-    _nodes: Option<&Nodes>,
-    _settings: ExchangeSettings,
-    _work: F,
-) -> Result<Vec<T>>
-where
-    B: AutodiffBackend,
-    T: Send,
-    F: Fn(Worker, B::Device) -> Result<T> + Sync,
-{
-    Err(Error::Parallel(format!(
-        "{} devices: data-parallel training needs an xtoken built with `--features collective`",
-        devices.len()
-    )))
 }
 
 /// The ring: sums over xtoken-collective.

@@ -185,6 +185,7 @@ fn device_index<B: AutodiffBackend>(device: &B::Device) -> usize {
 /// of a run over several processes, each running as many workers) that sums as `settings`
 /// says, and returns their results in rank order; the first error (or panic) of any worker is
 /// the result. NCCL with one device runs its one worker through a communicator of one.
+#[cfg(feature = "collective")]
 pub fn run_workers<B, T, F>(
     devices: Vec<B::Device>,
     nodes: Option<&Nodes>,

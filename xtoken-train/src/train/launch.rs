@@ -6,8 +6,8 @@
 use std::hash::Hasher;
 
 use crate::backend::{on_backend, OnBackend, TrainBackend};
-use crate::cluster::parallel::{run_workers, ExchangeSettings, Nodes, Worker, DATA_PARALLEL};
-use crate::cluster::{join_as_node, Placement, Plan, Session, Timeouts};
+use crate::cluster::parallel::{ExchangeSettings, Nodes, Worker, DATA_PARALLEL};
+use crate::cluster::{join_as_node, run_workers, Placement, Plan, Session, Timeouts};
 use crate::config::RunConfig;
 use crate::config::{DeviceKind, ExchangeKind};
 use crate::error::{Error, Result};

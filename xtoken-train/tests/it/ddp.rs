@@ -123,7 +123,7 @@ fn a_failing_worker_ends_every_worker_with_its_error() {
     use burn::backend::Autodiff;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use xtoken_train::cluster::parallel::run_workers;
+    use xtoken_train::cluster::run_workers;
     use xtoken_train::Error;
 
     type Cpu = Autodiff<NdArray>;

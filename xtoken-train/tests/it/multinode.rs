@@ -14,8 +14,8 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use xtoken_models::Transformer;
-use xtoken_train::cluster::parallel::{run_workers, ExchangeSettings};
-use xtoken_train::cluster::{free_port_pair, join_as_node, Placement, Plan, Timeouts};
+use xtoken_train::cluster::parallel::ExchangeSettings;
+use xtoken_train::cluster::{free_port_pair, join_as_node, run_workers, Placement, Plan, Timeouts};
 use xtoken_train::config::ExchangeKind;
 
 /// torchrun's variables for `rank` of `world` processes on this machine, and short timeouts
