@@ -200,17 +200,12 @@ fn the_estimate_holds_a_long_documents_peak() {
     )
     .unwrap();
     let path = config(&f, "run", "");
-    let config_text = std::fs::read_to_string(&path)
-        .unwrap()
-        .replace(
-            &f.student.display().to_string(),
-            &student.display().to_string(),
-        )
-        .replace(
-            &f.teacher.display().to_string(),
-            &teacher.display().to_string(),
-        )
-        .replace(&f.data.display().to_string(), &data.display().to_string())
+    let swaps = [
+        (f.student.as_path(), student.as_path()),
+        (f.teacher.as_path(), teacher.as_path()),
+        (f.data.as_path(), data.as_path()),
+    ];
+    let config_text = crate::fixture::swap_paths(&std::fs::read_to_string(&path).unwrap(), &swaps)
         .replace("loss = \"auto\"", "loss = \"uld\"")
         .replace("steps = 6", "steps = 2");
     // One teacher, whose loss needs no W: the document's memory is what is measured.

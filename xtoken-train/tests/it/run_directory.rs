@@ -317,20 +317,12 @@ fn a_refused_allocation_ends_the_run_by_name() {
     let mut inside = 0;
     for (i, mb) in (200..=1000).step_by(50).enumerate() {
         let path = config(&f, &format!("try{i}"), "");
-        let text = std::fs::read_to_string(&path)
-            .unwrap()
-            .replace(
-                &f.student.display().to_string(),
-                &student.display().to_string(),
-            )
-            .replace(
-                &f.teacher.display().to_string(),
-                &teacher.display().to_string(),
-            )
-            .replace(
-                &f.twin.display().to_string(),
-                &student.display().to_string(),
-            );
+        let swaps = [
+            (f.student.as_path(), student.as_path()),
+            (f.teacher.as_path(), teacher.as_path()),
+            (f.twin.as_path(), student.as_path()),
+        ];
+        let text = swap_paths(&std::fs::read_to_string(&path).unwrap(), &swaps);
         std::fs::write(&path, text).unwrap();
         let out = train_limited(&path, mb * 1000);
         let err = stderr(&out);

@@ -236,6 +236,26 @@ fn one_qwen3_store_trains_llama_and_gpt2_students() {
     }
 }
 
+/// The run `name` of the teacher `stored`, its configuration rewritten by `edit`: `train` and
+/// `train --check` both end with exit 1 naming `needle`, and nothing trains.
+fn refused_before_step_1(
+    f: &Fixture,
+    (name, stored): (&str, &str),
+    edit: &dyn Fn(String) -> String,
+    needle: &str,
+) {
+    let config = run_config(f, name, stored, "");
+    let text = edit(std::fs::read_to_string(&config).unwrap());
+    std::fs::write(&config, text).unwrap();
+    for extra in [&[][..], &["--check"][..]] {
+        let out = train(&config, extra);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{name} {extra:?}: {err}");
+        assert!(err.contains(needle), "{name} {extra:?}: {err}");
+    }
+    assert!(!f.dir.0.join(name).join("metrics.csv").exists());
+}
+
 /// Other data, a larger top-K than stored, another temperature and a damaged shard are named
 /// errors before step 1; so are a missing store and `model` with `targets`.
 #[test]
@@ -247,16 +267,7 @@ fn stores_that_do_not_fit_the_run_are_refused() {
     let digits = store.join("digits");
     let stored = format!("targets = \"{}\"\nloss = \"pkl\"", digits.display());
     let refused = |name: &str, edit: &dyn Fn(String) -> String, needle: &str| {
-        let config = run_config(&f, name, &stored, "");
-        let text = edit(std::fs::read_to_string(&config).unwrap());
-        std::fs::write(&config, text).unwrap();
-        for extra in [&[][..], &["--check"][..]] {
-            let out = train(&config, extra);
-            let err = String::from_utf8_lossy(&out.stderr).into_owned();
-            assert!(!out.status.success(), "{name} {extra:?}: trained");
-            assert!(err.contains(needle), "{name} {extra:?}: {err}");
-        }
-        assert!(!f.dir.0.join(name).join("metrics.csv").exists());
+        refused_before_step_1(&f, (name, &stored), edit, needle);
     };
     refused(
         "k",
@@ -376,16 +387,8 @@ fn a_manifest_that_lies_is_refused() {
     let original = std::fs::read_to_string(&manifest).unwrap();
     let stored = format!("targets = \"{}\"\nloss = \"pkl\"", digits.display());
     let refused = |name: &str, loss: &str, needle: &str| {
-        let config = run_config(&f, name, &stored, "");
-        let text = std::fs::read_to_string(&config).unwrap();
-        std::fs::write(&config, text.replace("[loss]\ntop_k = 16", loss)).unwrap();
-        for extra in [&[][..], &["--check"][..]] {
-            let out = train(&config, extra);
-            let err = String::from_utf8_lossy(&out.stderr).into_owned();
-            assert_eq!(out.status.code(), Some(1), "{name} {extra:?}: {err}");
-            assert!(err.contains(needle), "{name} {extra:?}: {err}");
-        }
-        assert!(!f.dir.0.join(name).join("metrics.csv").exists());
+        let edit = |t: String| t.replace("[loss]\ntop_k = 16", loss);
+        refused_before_step_1(&f, (name, &stored), &edit, needle);
     };
     assert!(original.contains("\"temperature\": 1.0"), "{original}");
     std::fs::write(
