@@ -27,6 +27,7 @@ fn main() -> ExitCode {
         }
     }
     keep_freed_memory();
+    bench::alloc::reserve();
     init_logging();
     remove_temporaries_on_interrupt();
     match dispatch(Cli::parse().command) {

@@ -6,7 +6,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicUsize, Ordering};
 
 /// The system allocator, counting live bytes and their high-water mark once enabled.
 pub struct Counting;
@@ -20,6 +20,53 @@ static PEAK: AtomicIsize = AtomicIsize::new(0);
 static CAP: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// Set by the allocation that passed the cap.
 static ENDING: AtomicBool = AtomicBool::new(false);
+
+/// Bytes set aside at the start for the out-of-memory ending: once the system refuses an
+/// allocation, the cleanup's own allocations (naming the document, removing the lock) would be
+/// refused too, on whichever thread's heap they fall; they are served from here instead.
+const RESERVE_BYTES: usize = 1 << 20;
+static RESERVE: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+static RESERVE_USED: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the reserve aside (once, before any work).
+pub fn reserve() {
+    let layout = Layout::from_size_align(RESERVE_BYTES, 4096).expect("a valid layout");
+    // SAFETY: a plain allocation of a non-zero size; it lives as long as the process.
+    let block = unsafe { System.alloc(layout) };
+    let _ = RESERVE.compare_exchange(
+        std::ptr::null_mut(),
+        block,
+        Ordering::AcqRel,
+        Ordering::Relaxed,
+    );
+}
+
+/// `layout` carved from the reserve (never given back), or null when it is spent.
+fn from_reserve(layout: Layout) -> *mut u8 {
+    let base = RESERVE.load(Ordering::Acquire);
+    if base.is_null() {
+        return base;
+    }
+    let align = layout.align();
+    let taken = RESERVE_USED.fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+        let start = (base as usize + used).next_multiple_of(align) - base as usize;
+        let end = start.checked_add(layout.size())?;
+        (end <= RESERVE_BYTES).then_some(end)
+    });
+    match taken {
+        Ok(used) => {
+            let start = (base as usize + used).next_multiple_of(align) - base as usize;
+            base.wrapping_add(start)
+        }
+        Err(_) => std::ptr::null_mut(),
+    }
+}
+
+/// Whether `ptr` lies in the reserve (freeing it is a no-op).
+fn in_reserve(ptr: *mut u8) -> bool {
+    let base = RESERVE.load(Ordering::Relaxed) as usize;
+    base != 0 && (base..base + RESERVE_BYTES).contains(&(ptr as usize))
+}
 
 /// Starts counting, for the rest of the process.
 pub fn enable() {
@@ -153,31 +200,60 @@ fn shrank(bytes: usize) {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let ptr = unsafe { System.alloc(layout) };
-        match ptr.is_null() {
-            true => refused(layout.size()),
-            false => grew(layout.size()),
+        if ptr.is_null() {
+            // Returns only while the ending runs: its allocations come from the reserve.
+            refused(layout.size());
+            return from_reserve(layout);
         }
+        grew(layout.size());
         ptr
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         let ptr = unsafe { System.alloc_zeroed(layout) };
-        match ptr.is_null() {
-            true => refused(layout.size()),
-            false => grew(layout.size()),
+        if ptr.is_null() {
+            refused(layout.size());
+            let ptr = from_reserve(layout);
+            if !ptr.is_null() {
+                // SAFETY: `ptr` addresses `layout.size()` bytes of the reserve, this caller's.
+                unsafe { std::ptr::write_bytes(ptr, 0, layout.size()) };
+            }
+            return ptr;
         }
+        grew(layout.size());
         ptr
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if in_reserve(ptr) {
+            return;
+        }
         unsafe { System.dealloc(ptr, layout) };
         shrank(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if in_reserve(ptr) {
+            // Only the ending allocates there: a new block (the reserve's, when the system has
+            // none), the old one's bytes copied, nothing freed.
+            let new_layout = Layout::from_size_align(new_size, layout.align());
+            let out = new_layout.map_or(std::ptr::null_mut(), |l| unsafe { self.alloc(l) });
+            if !out.is_null() {
+                // SAFETY: both blocks hold at least the smaller size; they do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(ptr, out, layout.size().min(new_size)) };
+            }
+            return out;
+        }
         let out = unsafe { System.realloc(ptr, layout, new_size) };
         if out.is_null() {
             refused(new_size);
+            let new_layout = Layout::from_size_align(new_size, layout.align());
+            let out = new_layout.map_or(std::ptr::null_mut(), from_reserve);
+            if !out.is_null() {
+                // SAFETY: as above; the old block stays the system's, untouched.
+                unsafe { std::ptr::copy_nonoverlapping(ptr, out, layout.size().min(new_size)) };
+            }
+            return out;
         } else {
             if new_size >= layout.size() {
                 grew(new_size - layout.size());
