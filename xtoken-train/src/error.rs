@@ -24,6 +24,10 @@ pub enum Error {
     /// directory, shard or document at fault.
     #[error("{0}")]
     Targets(String),
+    /// A served teacher (`teachers[].server`: vLLM or `xtoken serve`) that cannot answer, or
+    /// answered what cannot be used; the message names the server and its last answer.
+    #[error("{0}")]
+    Served(String),
     /// Data-parallel workers that could not exchange their gradients or diverged.
     #[error("{0}")]
     Parallel(String),

@@ -56,6 +56,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Demo(args) => cli::demo::run(args),
         Command::Train(args) => cli::train::run(args),
         Command::Teach(args) => cli::teach::run(args),
+        Command::Serve(args) => cli::serve::run(args),
         Command::Projection(command) => cli::projection::run(command),
         Command::Audit(args) => cli::audit::run(args),
         Command::Align(args) => cli::align::run(args),

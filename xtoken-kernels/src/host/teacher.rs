@@ -180,6 +180,9 @@ pub struct PositionTargets {
     pub neg_entropy: Vec<f64>,
     /// Per row, `max p` at τ = 1.
     pub max_prob: Vec<f32>,
+    /// Per row, the observed next token's rank among all `V` logits: 1 + how many are larger
+    /// (0 where it has none), which a served teacher's answer states beside its log-probability.
+    pub observed_rank: Vec<u32>,
 }
 
 /// [`PositionTargets`] of every row of `src`; `next[r]` is row `r`'s observed next token
@@ -221,10 +224,11 @@ pub fn position_targets_from<S: LogitRows>(
                     0.0
                 };
                 let (_, neg_ce, plogp, maxp) = position_confidence(z, y, p);
-                (lse, best, observed, neg_ce, plogp, maxp)
+                let rank = rank_of(z, y);
+                (lse, best, observed, neg_ce, plogp, maxp, rank)
             },
         );
-        for (i, (lse, best, observed, neg_ce, plogp, maxp)) in parts.into_iter().enumerate() {
+        for (i, (lse, best, observed, neg_ce, plogp, maxp, rank)) in parts.into_iter().enumerate() {
             finite(lse, "teacher", rows[i])?;
             let z = block.row(i, rows[i], vt);
             out.logp
@@ -234,9 +238,18 @@ pub fn position_targets_from<S: LogitRows>(
             out.neg_ce.push(neg_ce);
             out.neg_entropy.push(plogp);
             out.max_prob.push(maxp);
+            out.observed_rank.push(rank);
         }
     }
     Ok(out)
+}
+
+/// The rank of `z[y]` among `z`: 1 + how many entries are larger (0 without `y`).
+fn rank_of(z: &[f32], y: i32) -> u32 {
+    let Some(&zy) = usize::try_from(y).ok().and_then(|y| z.get(y)) else {
+        return 0;
+    };
+    1 + z.iter().filter(|&&x| x > zy).count() as u32
 }
 
 /// [`PositionTargets`] of `[1, T, V]` logits on any backend.

@@ -243,6 +243,7 @@ fn config_text(
         seed,
         device: "cpu",
         stored: None,
+        served: None,
     };
     format!(
         "{}\n[on_policy]\nfraction = {fraction}\nprompt_field = \"prompt\"\nmax_new_tokens = {}\n",

@@ -141,6 +141,11 @@ pub struct TrainBenchArgs {
     /// train to the same losses as without it; `none` (default): no exchange.
     #[arg(long, default_value = "none")]
     exchange: String,
+    /// Also serve the teacher with `xtoken serve` (in this process, on `--device`) and time the
+    /// first variant's run fed by it at each of these top-K, with JSON and binary answers: the
+    /// loader's student tokens/s, the step, and the answers' bytes per teacher token.
+    #[arg(long, value_delimiter = ',')]
+    served: Vec<usize>,
 }
 
 /// A varied synthetic corpus: prose with numerals, dates, amounts and code-like lines.
@@ -392,6 +397,9 @@ pub fn run(args: TrainBenchArgs) -> Result<()> {
     if !args.stored.is_empty() {
         stored_runs(&args, &work, &rows)?;
     }
+    if !args.served.is_empty() {
+        served_runs(&args, &work, &rows)?;
+    }
     if let Some(fraction) = args.on_policy {
         print_writing(fraction, &rows);
     }
@@ -637,6 +645,99 @@ fn remove_store(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `--served`: the teacher served by `xtoken serve` in a thread of this process, and per top-K
+/// the first variant run against it (JSON and binary answers) beside the same run with the
+/// teacher in-process.
+fn served_runs(args: &TrainBenchArgs, work: &Path, rows: &[(Variant, Timed)]) -> Result<()> {
+    let Some((variant, _)) = rows.first() else {
+        return Ok(());
+    };
+    let teacher = work.join("teacher");
+    let mut options = xtoken_train::train::serve::ServeOptions::new(teacher.clone());
+    options.name = Some("teacher".into());
+    options.port = 0;
+    options.max_logprobs = args.served.iter().copied().max().unwrap_or(20);
+    options.device = args.device.clone();
+    options.dtype =
+        xtoken_train::config::DtypeChoice::parse("--teacher-dtype", &args.teacher_dtype, true)?;
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let served = xtoken_train::train::serve::serve(options, move |address| {
+            send.send(address).ok();
+        });
+        if let Err(e) = served {
+            eprintln!("xtoken serve: {}", e.report());
+        }
+    });
+    let address = receive
+        .recv_timeout(std::time::Duration::from_secs(1800))
+        .context("xtoken serve did not start")?;
+    let url = format!("http://{address}/v1");
+    println!(
+        "
+Served teacher (`xtoken serve` on {url}, {} device, in this process: it shares the cores with training), against the in-process teacher ({} scope, {} compute):
+",
+        args.device, variant.scope, variant.compute
+    );
+    println!("| top-K | answers | bytes / teacher token (wire) | loader student tokens/s (served) | s/step served | s/step in-process | served / in-process |");
+    println!("|---:|---|---:|---:|---:|---:|---:|");
+    let model_line = format!("model = {:?}", teacher.display().to_string());
+    for &k in &args.served {
+        let run_dir = work.join(format!("run-served-{k}"));
+        let with_k = |text: String| {
+            text.replacen(
+                &format!("\ntop_k = {}\n", args.top_k),
+                &format!("\ntop_k = {k}\n"),
+                1,
+            )
+        };
+        remove_run(&run_dir)?;
+        let online_text = with_k(config_text(args, work, &run_dir, variant));
+        let online = timed_steps(RunConfig::parse(&online_text)?)?;
+        remove_run(&run_dir)?;
+        for binary in [false, true] {
+            let served_line = format!(
+                "server = {url:?}\nserved_model = \"teacher\"\ntokenizer = {:?}\nbinary_answers = {binary}\nrequests = 4",
+                teacher.display().to_string()
+            );
+            let text = online_text.replacen(&model_line, &served_line, 1);
+            let (loader, bytes) = served_loader_rate(&RunConfig::parse(&text)?)?;
+            let timed = timed_steps(RunConfig::parse(&text)?)?;
+            remove_run(&run_dir)?;
+            let (served_s, online_s) = (mean_of(&timed.seconds), mean_of(&online.seconds));
+            println!(
+                "| {k} | {} | {bytes:.0} | {loader:.0} | {served_s:.3} | {online_s:.3} | {:.2}× |",
+                if binary { "binary" } else { "JSON" },
+                served_s / online_s.max(1e-12)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The steps of one run of `config`, timed.
+fn timed_steps(config: RunConfig) -> Result<Timed> {
+    let kind = config.device.parse()?;
+    let steps = Steps {
+        config,
+        profile: false,
+    };
+    Ok(on_backend(kind, &[], steps)?)
+}
+
+/// The student tokens/s a run's loader delivers on its own for 5 s, fed by its served teacher,
+/// and the answers' bytes per teacher token.
+fn served_loader_rate(config: &RunConfig) -> Result<(f64, f64)> {
+    let inputs = xtoken_train::train::inputs::RunInputs::load(config, false)?;
+    let vocab = inputs.teacher_configs[0].architecture.vocab_size;
+    let (served, _) = xtoken_train::train::teachers::connect_served(config, &inputs, 0)?;
+    let served = std::sync::Arc::new(served);
+    let host = xtoken_train::targets::HostTargets::Served(served.clone());
+    let rate = loader_rate_of(config, &inputs, Some((host, vocab)))?;
+    let (tokens, bytes, _, _) = served.stats.read();
+    Ok((rate, bytes as f64 / tokens.max(1) as f64))
+}
+
 /// Student tokens/s one H100 trains at in the PyTorch eager step this project measures against
 /// (1B student, 4B teacher, 4096 tokens).
 const NEED: f64 = 11_600.0;
@@ -649,8 +750,18 @@ fn loader_rate(
 ) -> Result<f64> {
     let inputs = xtoken_train::train::inputs::RunInputs::load(config, false)?;
     let vocab = inputs.teacher_configs[0].architecture.vocab_size;
-    let stores = vec![store.map(|s| (std::sync::Arc::new(s), vocab))];
-    let mut loader = xtoken_train::train::run::open_loader(config, &inputs, stores)?;
+    let stored = store.map(|s| xtoken_train::targets::HostTargets::Stored(std::sync::Arc::new(s)));
+    loader_rate_of(config, &inputs, stored.map(|s| (s, vocab)))
+}
+
+/// The student tokens/s a run's loader delivers on its own for 5 s (the first step left out),
+/// with `host`'s entries merged for its teacher.
+fn loader_rate_of(
+    config: &RunConfig,
+    inputs: &xtoken_train::train::inputs::RunInputs,
+    host: Option<(xtoken_train::targets::HostTargets, usize)>,
+) -> Result<f64> {
+    let mut loader = xtoken_train::train::run::open_loader(config, inputs, vec![host])?;
     loader.next_step()?;
     let (started, mut tokens) = (Instant::now(), 0usize);
     while started.elapsed().as_secs_f64() < 5.0 {

@@ -8,6 +8,7 @@ pub mod models;
 pub mod projection;
 #[cfg(test)]
 mod reference;
+pub mod serve;
 pub mod teach;
 pub mod train;
 
@@ -53,6 +54,10 @@ pub enum Command {
     /// Run each teacher of a configuration over its data once and store its top-K targets, for
     /// runs of students of any tokenizer that read them (`teachers[].targets`) instead.
     Teach(teach::TeachArgs),
+    /// Serve a teacher over HTTP in vLLM's API subset (`/v1/models`, `/v1/completions` with
+    /// token-id prompts and `prompt_logprobs`, `/health`), for runs whose `teachers[].server`
+    /// names it.
+    Serve(serve::ServeArgs),
     /// Build or inspect the projection matrix W between a student and a teacher tokenizer.
     #[command(subcommand)]
     Projection(projection::ProjectionCommand),

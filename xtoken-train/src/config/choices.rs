@@ -3,6 +3,7 @@
 //! acts on them, so that the configuration stands on nothing above it.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -22,7 +23,8 @@ pub enum DtypeChoice {
 }
 
 impl DtypeChoice {
-    pub(super) fn parse(key: &str, value: &str, allow_auto: bool) -> Result<Self> {
+    /// `value` of `key`: `auto` (where `allow_auto`), `f32`, `bf16` or `f16`.
+    pub fn parse(key: &str, value: &str, allow_auto: bool) -> Result<Self> {
         Ok(match value {
             "auto" if allow_auto => DtypeChoice::Auto,
             "f32" => DtypeChoice::F32,
@@ -253,4 +255,32 @@ impl ExchangeChoice {
             };
         Ok((workers > 1).then_some(kind))
     }
+}
+
+/// How to reach a served teacher.
+#[derive(Debug, Clone)]
+pub struct ServedSettings {
+    /// The teacher's name in the run.
+    pub name: String,
+    /// The API's base, e.g. `http://host:8000/v1`.
+    pub server: String,
+    /// The model's name as the server's `/v1/models` lists it.
+    pub model: String,
+    /// Requests in flight at once.
+    pub requests: usize,
+    /// The longest a request may take.
+    pub timeout: Duration,
+    /// Times a failed request is sent again before the run ends.
+    pub retries: u32,
+    /// Whether the binary answer may be asked for where the server offers it.
+    pub format: Format,
+}
+
+/// The answer format a served teacher is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// xtoken's binary layout where the server offers it, else JSON.
+    Negotiate,
+    /// JSON, vLLM's shape, always.
+    Json,
 }

@@ -34,8 +34,8 @@ pub mod choices;
 mod reference;
 
 pub use choices::{
-    DeviceKind, DtypeChoice, ExchangeChoice, ExchangeKind, ScalingScope, TaskName, ValueDtype,
-    NCCL_BUILT,
+    DeviceKind, DtypeChoice, ExchangeChoice, ExchangeKind, Format, ScalingScope, ServedSettings,
+    TaskName, ValueDtype, NCCL_BUILT,
 };
 
 use crate::error::{Context, Error, Failures, Result};
@@ -306,7 +306,30 @@ pub struct TeacherConfig {
     /// loaded, the stored values are merged instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub targets: Option<PathBuf>,
-    /// Its tokenizer; default: the model (or targets) directory.
+    /// Or a served teacher: the base of an OpenAI-compatible API that answers vLLM's
+    /// `prompt_logprobs` (a vLLM server, or `xtoken serve`), e.g. `http://host:8000/v1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    /// A served teacher's model, as the server's `/v1/models` lists it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_model: Option<String>,
+    /// A served teacher's requests in flight at once (the loader asks `data.prefetch` steps
+    /// ahead of training).
+    #[serde(default = "defaults::requests")]
+    pub requests: usize,
+    /// The longest one request to a served teacher may take, in seconds.
+    #[serde(default = "defaults::timeout_s")]
+    pub timeout_s: f64,
+    /// Times a request to a served teacher that timed out or got a 5xx is sent again (0.5 s,
+    /// 1 s, 2 s, … apart) before the run ends.
+    #[serde(default = "defaults::retries")]
+    pub retries: u32,
+    /// Whether a served teacher is asked for xtoken's binary answer where it offers one
+    /// (`xtoken serve` does; exact confidence terms, fewer bytes); `false`: vLLM's JSON always.
+    #[serde(default = "defaults::yes")]
+    pub binary_answers: bool,
+    /// Its tokenizer; default: the model (or targets) directory. A served teacher needs it: a
+    /// directory with the served model's `tokenizer.json` and `config.json`.
     pub tokenizer: Option<PathBuf>,
     /// `kl`, `pkl`, `hkl`, `gold`, `uld`, or `auto` (the coverage audit's recommendation).
     #[serde(default = "defaults::loss_mode")]
@@ -323,12 +346,31 @@ pub struct TeacherConfig {
 }
 
 impl TeacherConfig {
-    /// The model directory, or the stored targets' directory.
+    /// The model directory, the stored targets' directory, or a served teacher's tokenizer
+    /// directory.
     pub fn dir(&self) -> &Path {
+        let served = self.server.as_ref().and(self.tokenizer.as_deref());
         self.model
             .as_deref()
             .or(self.targets.as_deref())
+            .or(served)
             .unwrap_or(Path::new(""))
+    }
+
+    /// How a served teacher named `name` is reached (`None`: not served).
+    pub fn served(&self, name: &str) -> Option<ServedSettings> {
+        Some(ServedSettings {
+            name: name.to_string(),
+            server: self.server.clone()?,
+            model: self.served_model.clone().unwrap_or_default(),
+            requests: self.requests,
+            timeout: std::time::Duration::from_secs_f64(self.timeout_s.clamp(0.001, 1e6)),
+            retries: self.retries,
+            format: match self.binary_answers {
+                true => Format::Negotiate,
+                false => Format::Json,
+            },
+        })
     }
 }
 
@@ -534,6 +576,18 @@ mod defaults {
     pub fn alpha() -> f64 {
         1.0
     }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn requests() -> usize {
+        8
+    }
+    pub fn timeout_s() -> f64 {
+        120.0
+    }
+    pub fn retries() -> u32 {
+        5
+    }
     pub fn text_field() -> String {
         "text".into()
     }
@@ -642,6 +696,8 @@ pub struct TeacherSettings {
     pub model: PathBuf,
     /// Stored targets to read instead of running the model.
     pub targets: Option<PathBuf>,
+    /// A served teacher's server, asked instead of running the model.
+    pub server: Option<ServedSettings>,
     /// Its tokenizer (directory or tokenizer.json).
     pub tokenizer: PathBuf,
     /// The loss; `None` lets the coverage audit choose between P-KL and H-KL.
@@ -855,6 +911,58 @@ impl RunConfig {
         f.or_value(())
     }
 
+    /// Teacher `i` names one source of targets: a model, stored targets, or a server (with its
+    /// model, tokenizer and request settings, at τ = 1).
+    fn validate_source(&self, i: usize, t: &TeacherConfig) -> Result<()> {
+        let given = [t.model.is_some(), t.targets.is_some(), t.server.is_some()];
+        if given.iter().filter(|&&g| g).count() != 1 {
+            return Err(Error::Config(format!(
+                "teachers[{i}]: give one of `model` (a Hugging Face directory: the teacher runs \
+                 at every step), `targets` (a directory `xtoken teach` wrote) or `server` (a \
+                 served teacher's API, e.g. \"http://host:8000/v1\"){}",
+                if given.iter().any(|&g| g) {
+                    ", not several"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if t.server.is_none() {
+            return match t.served_model {
+                Some(_) => Err(Error::Config(format!(
+                    "teachers[{i}].served_model: only with `server`"
+                ))),
+                None => Ok(()),
+            };
+        }
+        let mut f = Failures::default();
+        if t.served_model.as_deref().is_none_or(str::is_empty) {
+            f.note::<()>(Err(Error::Config(format!(
+                "teachers[{i}].served_model: a served teacher needs its model's name, as the \
+                 server's /v1/models lists it"
+            ))));
+        }
+        if t.tokenizer.is_none() {
+            f.note::<()>(Err(Error::Config(format!(
+                "teachers[{i}].tokenizer: a served teacher needs a directory with the served \
+                 model's tokenizer.json and config.json"
+            ))));
+        }
+        f.note(at_least_one(
+            &format!("teachers[{i}].requests"),
+            t.requests as u64,
+        ));
+        f.note(positive(&format!("teachers[{i}].timeout_s"), t.timeout_s));
+        if self.loss.temperature != 1.0 {
+            f.note::<()>(Err(Error::Config(format!(
+                "teachers[{i}].server: a served teacher's log-probabilities are at temperature \
+                 1, the run's loss.temperature is {}; set it to 1 or run the teacher in-process",
+                self.loss.temperature
+            ))));
+        }
+        f.or_value(())
+    }
+
     /// At least one teacher; names usable in file names and distinct; α non-negative.
     fn validate_teachers(&self) -> Result<()> {
         if self.teachers.is_empty() {
@@ -863,13 +971,15 @@ impl RunConfig {
             ));
         }
         for (i, t) in self.teachers.iter().enumerate() {
-            if t.model.is_some() == t.targets.is_some() {
-                return Err(Error::Config(format!(
-                    "teachers[{i}]: give `model` (a Hugging Face directory: the teacher runs at \
-                     every step) or `targets` (a directory `xtoken teach` wrote){}",
-                    if t.model.is_some() { ", not both" } else { "" }
-                )));
-            }
+            self.validate_source(i, t)?;
+        }
+        let served = self.teachers.iter().any(|t| t.server.is_some());
+        if served && self.on_policy_active().is_some() {
+            return Err(Error::Config(
+                "on_policy: a served teacher (teachers[].server) cannot grade what the student \
+                 writes during the run yet; use `model` for on-policy teachers"
+                    .into(),
+            ));
         }
         let stored = self.teachers.iter().any(|t| t.targets.is_some());
         if stored && self.on_policy_active().is_some() {
@@ -933,13 +1043,19 @@ impl RunConfig {
     /// Teacher `i`'s name.
     pub fn teacher_name(&self, i: usize) -> String {
         let teacher = &self.teachers[i];
-        teacher.name.clone().unwrap_or_else(|| {
-            teacher
-                .dir()
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| format!("teacher{i}"))
-        })
+        let served = teacher.served_model.as_deref();
+        let served = served.and_then(|m| m.rsplit('/').next().filter(|n| !n.is_empty()));
+        teacher
+            .name
+            .clone()
+            .or(served.map(String::from))
+            .unwrap_or_else(|| {
+                teacher
+                    .dir()
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| format!("teacher{i}"))
+            })
     }
 
     /// The teachers with every default filled in.
@@ -950,6 +1066,7 @@ impl RunConfig {
             .map(|(i, t)| {
                 let name = self.teacher_name(i);
                 Ok(TeacherSettings {
+                    server: t.served(&name),
                     projection: t.projection.clone().unwrap_or_else(|| {
                         self.output_dir
                             .join("projections")

@@ -182,7 +182,7 @@ fn kind(ty: &str) -> String {
     match inner {
         "String" => "string",
         "PathBuf" => "path",
-        "u64" | "usize" => "integer",
+        "u32" | "u64" | "usize" => "integer",
         "f64" => "number",
         "bool" => "boolean",
         "DataPaths" => "path or list of paths",

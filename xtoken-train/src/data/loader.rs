@@ -29,9 +29,9 @@ pub struct Loader {
     steps: Background<StepBatch>,
 }
 
-/// Work the loader's thread does on each micro-batch once laid out (stored teacher targets
-/// merged into it).
-pub type Finish = Box<dyn Fn(&mut MicroBatch) -> Result<()> + Send>;
+/// Work the loader's thread does on each step's micro-batches once laid out (stored or served
+/// teacher targets merged into them).
+pub type Finish = Box<dyn Fn(&mut [MicroBatch]) -> Result<()> + Send>;
 
 /// Which steps a loader makes, and how it draws their on-policy sequences.
 #[derive(Debug, Clone, Copy, Default)]
@@ -85,7 +85,7 @@ impl Loader {
                 .map(|rows| micro_batch(rows, variant, shape.length_multiple))
                 .collect::<Result<Vec<_>>>()?;
             if let Some(finish) = &finish {
-                micro.iter_mut().try_for_each(finish)?;
+                finish(&mut micro)?;
             }
             let prompts = prompts
                 .chunks(shape.micro)

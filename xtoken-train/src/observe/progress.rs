@@ -61,11 +61,11 @@ impl Progress {
     }
 
     /// Moves the bar; off a terminal, prints the step's line when `due`, naming each teacher
-    /// by `teachers`.
-    pub fn show(&self, row: &StepMetrics, teachers: &[&str], steps: u64, due: bool) {
+    /// by `teachers`; `served` says how fast the served teachers answer (empty: none).
+    pub fn show(&self, row: &StepMetrics, teachers: &[&str], steps: u64, due: bool, served: &str) {
         self.bar.set_position(row.step);
         self.bar.set_message(format!(
-            "loss {:.4} (CE {:.4}, KD {:.4}) · {:.0} tok/s",
+            "loss {:.4} (CE {:.4}, KD {:.4}) · {:.0} tok/s{served}",
             row.loss, row.ce, row.kd, row.tokens_per_s
         ));
         if !self.lead || self.visible || !due {
@@ -86,7 +86,7 @@ impl Progress {
             None => String::new(),
         };
         tracing::info!(
-            "step {}/{steps} · lr {:.3e} · loss {:.4} · CE {:.4} · KD {:.4} [{}] · |g| {:.3} · {:.0} tok/s · {:.2} GB{written}",
+            "step {}/{steps} · lr {:.3e} · loss {:.4} · CE {:.4} · KD {:.4} [{}] · |g| {:.3} · {:.0} tok/s · {:.2} GB{written}{served}",
             row.step,
             row.lr,
             row.loss,

@@ -26,6 +26,8 @@
 //! memory-mapped. Documents are found by the hash of their teacher token ids, so a run finds
 //! them whatever its order, seed or packing.
 
+pub mod answer;
+pub mod served;
 pub mod shard;
 pub mod store;
 
@@ -39,6 +41,15 @@ use crate::error::{Context, Error, Result};
 use shard::f32_at;
 
 pub use crate::data::TeacherSpan;
+
+/// A teacher the process does not run: its entries are merged by the loader.
+#[derive(Clone)]
+pub enum HostTargets {
+    /// Stored targets (`xtoken teach`).
+    Stored(std::sync::Arc<store::Store>),
+    /// A served teacher (vLLM, `xtoken serve`).
+    Served(std::sync::Arc<served::ServedTeacher>),
+}
 
 /// The store format this build writes and reads (2: the manifest's checksum, the shards'
 /// temperature).
@@ -257,6 +268,7 @@ mod tests {
             neg_ce: (0..n).map(|q| -(q as f32) * 0.25).collect(),
             neg_entropy: (0..n).map(|q| -(q as f64) * 1.5).collect(),
             max_prob: (0..n).map(|q| 1.0 / (q as f32 + 2.0)).collect(),
+            observed_rank: (0..n as u32).collect(),
         }
     }
 

@@ -36,6 +36,7 @@ pub mod readout;
 pub mod resume;
 pub mod run;
 pub mod schedule;
+pub mod serve;
 pub mod step;
 pub mod teach;
 pub mod teachers;

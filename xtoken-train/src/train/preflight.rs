@@ -84,6 +84,10 @@ pub struct TeacherPlan {
     pub loss: (LossKind, Option<String>),
     /// W's file and whether it exists (`None` when the loss needs no W).
     pub projection: Option<(PathBuf, bool)>,
+    /// Its index among the run's teachers.
+    pub index: usize,
+    /// A served teacher: its server, model and top-K, as asked.
+    pub served: Option<String>,
 }
 
 /// What `train --check` found: the plan, whenever the inputs it rests on could be read (also when
@@ -159,10 +163,14 @@ fn plan(
     let exchange = exchange_plan(config, target, failures);
     let accum = failures.note(config.grad_accum(workers));
     let inputs = failures.note(RunInputs::read(config))?;
-    check_inputs(config, &inputs, options, failures);
+    let mut served = check_inputs(config, &inputs, options, failures);
     let sources = source_plans(config, &inputs, failures);
     let teachers: Vec<_> = (0..inputs.settings.len())
         .filter_map(|m| failures.note(teacher_plan(config, &inputs, m)))
+        .map(|t| TeacherPlan {
+            served: served.get_mut(t.index).and_then(Option::take),
+            ..t
+        })
         .collect();
     let documents = longest_document(&sources);
     let with_documents = |m: MemoryEstimate| MemoryEstimate { documents, ..m };
@@ -259,13 +267,21 @@ fn check_inputs(
     inputs: &RunInputs,
     options: &RunOptions,
     failures: &mut Failures,
-) {
+) -> Vec<Option<String>> {
+    let mut served = vec![None; inputs.settings.len()];
     failures.note(crate::train::benchmarks::prompts(config));
     failures.note(resume_point(config, options, &inputs.sources));
     failures.note(prompts_present(config, &inputs.sources));
     failures.note(open_weights(&config.student.model).context("student"));
     for (m, s) in inputs.settings.iter().enumerate() {
         match &s.targets {
+            // A served teacher: its server, model, top-K and tokenizer, asked.
+            None if s.server.is_some() => {
+                let connected = crate::train::teachers::connect_served(config, inputs, m);
+                if let Some((_, said)) = failures.note(connected) {
+                    served[m] = Some(said);
+                }
+            }
             // Stored targets: the manifest, every shard's checksum and the run's settings.
             Some(dir) => {
                 let lenient = options.allow_data_change;
@@ -278,6 +294,7 @@ fn check_inputs(
             }
         }
     }
+    served
 }
 
 /// Each data source's plan, then the held-out text's: the first document of every shard read.
@@ -768,6 +785,8 @@ fn teacher_plan(config: &RunConfig, inputs: &RunInputs, m: usize) -> Result<Teac
         parameters: inputs.teacher_configs[m].architecture.num_parameters(),
         loss,
         projection: needs_w.then(|| (path.clone(), path.exists())),
+        index: m,
+        served: None,
     })
 }
 
@@ -834,6 +853,9 @@ impl fmt::Display for Preflight {
                 "teacher {} ({} parameters): {chosen}{w}",
                 t.name, t.parameters
             )?;
+            if let Some(served) = &t.served {
+                writeln!(f, "  {served}")?;
+            }
         }
         let total: f64 = self.sources.iter().map(|s| s.weight).sum();
         for s in &self.sources {

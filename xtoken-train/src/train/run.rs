@@ -12,7 +12,6 @@
 //! `loss.svg`, `checkpoints/step-NNNNNNNN/` and, at the end, `student/`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
@@ -34,7 +33,8 @@ use crate::error::{Context, Error, Result};
 use crate::observe::evals::{EvalLog, EvalRow};
 use crate::observe::metrics::{MetricsLog, OnPolicyMetrics, StepMetrics};
 use crate::observe::progress::Progress;
-use crate::targets::store::Store;
+use crate::targets::served::{self, ServedTeacher};
+use crate::targets::HostTargets;
 use crate::train::benchmarks::TrainingBenchmarks;
 use crate::train::checkpoint::{self, CheckpointState};
 use crate::train::export::{export_trained, write_student};
@@ -202,7 +202,11 @@ impl<B: TrainBackend> Run<B> {
         };
         let stores = teachers
             .iter()
-            .map(|t| t.store.clone().map(|s| (s, t.vocab)))
+            .map(|t| {
+                let stored = t.store.clone().map(HostTargets::Stored);
+                let served = t.served.clone().map(HostTargets::Served);
+                stored.or(served).map(|h| (h, t.vocab))
+            })
             .collect();
         let loader = start_loader(
             &config,
@@ -446,8 +450,21 @@ impl<B: TrainBackend> Run<B> {
             .iter()
             .map(|t| t.settings.name.as_str())
             .collect();
-        self.progress
-            .show(&row, &names, self.config.training.steps, due);
+        let served: String = self
+            .teachers
+            .iter()
+            .filter_map(|t| {
+                let (tokens, bytes, seconds, _) = t.served.as_ref()?.stats.read();
+                Some(format!(
+                    " · {} served {:.0} tok/s ({:.0} B/token)",
+                    t.settings.name,
+                    tokens as f64 / seconds.max(1e-9),
+                    bytes as f64 / tokens.max(1) as f64
+                ))
+            })
+            .collect();
+        let steps = self.config.training.steps;
+        self.progress.show(&row, &names, steps, due, &served);
         if let Some(metrics) = self.metrics.as_mut() {
             metrics.push(row)?;
         }
@@ -740,7 +757,7 @@ fn restore<B: TrainBackend>(
 fn start_loader(
     config: &RunConfig,
     inputs: &RunInputs,
-    stores: Vec<Option<(Arc<Store>, usize)>>,
+    stores: Vec<Option<(HostTargets, usize)>>,
     (worker, length_multiple): (&Worker, usize),
     (state, step): (LoaderState, u64),
     lenient: bool,
@@ -793,41 +810,93 @@ fn start_loader(
     )
 }
 
-/// The loader of a run of `config` from its start on a single worker, with each stored
-/// teacher's store (`stores[m]`, with its vocabulary size) merged into the micro-batches: what
-/// `xtoken bench train --stored` times on its own.
+/// The loader of a run of `config` from its start on a single worker, with each stored or
+/// served teacher's entries (`stores[m]`, with its vocabulary size) merged into the
+/// micro-batches: what `xtoken bench train --stored` times on its own.
 pub fn open_loader(
     config: &RunConfig,
     inputs: &RunInputs,
-    stores: Vec<Option<(Arc<Store>, usize)>>,
+    stores: Vec<Option<(HostTargets, usize)>>,
 ) -> Result<Loader> {
     let worker = Worker::alone();
     let state = (LoaderState::default(), 0);
     start_loader(config, inputs, stores, (&worker, 1), state, false)
 }
 
-/// The loader's work for stored teachers: each micro-batch's entries merged from their store.
+/// The loader's work for the teachers it merges: each micro-batch's entries from their store,
+/// or from their server (every row of the step asked at once).
 fn stored_entries(
     config: &RunConfig,
-    stores: Vec<Option<(Arc<Store>, usize)>>,
+    stores: Vec<Option<(HostTargets, usize)>>,
 ) -> Result<Option<Finish>> {
     if stores.iter().all(Option::is_none) {
         return Ok(None);
     }
     let k = config.loss_params().top_k;
     let confidence = matches!(config.weighting()?, Weighting::Adaptive(_));
-    Ok(Some(Box::new(move |micro: &mut MicroBatch| {
-        for (batch, store) in micro.teachers.iter_mut().zip(&stores) {
-            if let Some((store, vocab)) = store {
-                let k = match k {
-                    TopK::K(k) => k.min(*vocab),
-                    TopK::All => *vocab,
-                };
-                let entries =
-                    store.entries(&mut batch.plan, &batch.spans, &batch.ids, k, confidence)?;
-                batch.stored = Some(entries);
+    Ok(Some(Box::new(move |micro: &mut [MicroBatch]| {
+        for (m, store) in stores.iter().enumerate() {
+            let Some((store, vocab)) = store else {
+                continue;
+            };
+            let k = match k {
+                TopK::K(k) => k.min(*vocab),
+                TopK::All => *vocab,
+            };
+            match store {
+                HostTargets::Stored(store) => {
+                    for batch in micro.iter_mut().map(|b| &mut b.teachers[m]) {
+                        let entries = store.entries(
+                            &mut batch.plan,
+                            &batch.spans,
+                            &batch.ids,
+                            k,
+                            confidence,
+                        )?;
+                        batch.stored = Some(entries);
+                    }
+                }
+                HostTargets::Served(served) => served_entries(served, micro, m, k, confidence)?,
             }
         }
         Ok(())
     })))
+}
+
+/// Teacher `m`'s entries of every micro-batch of a step, from its server: each row's real
+/// tokens asked at once, the answers merged per micro-batch.
+fn served_entries(
+    served: &ServedTeacher,
+    micro: &mut [MicroBatch],
+    m: usize,
+    k: usize,
+    confidence: bool,
+) -> Result<()> {
+    let mut prompts = Vec::new();
+    let mut lens = Vec::with_capacity(micro.len());
+    for batch in micro.iter().map(|b| &b.teachers[m]) {
+        let rows = batch.ids.len() / batch.len.max(1);
+        let real: Vec<usize> = (0..rows)
+            .map(|b| match &batch.padding {
+                Some(pad) => pad[b * batch.len..(b + 1) * batch.len]
+                    .iter()
+                    .filter(|&&p| !p)
+                    .count(),
+                None => batch.len,
+            })
+            .collect();
+        for (b, &n) in real.iter().enumerate() {
+            let row = &batch.ids[b * batch.len..b * batch.len + n];
+            prompts.push(row.iter().map(|&t| t as u32).collect::<Vec<u32>>());
+        }
+        lens.push(real);
+    }
+    let mut answers = served.answers(&prompts)?.into_iter();
+    for (batch, lens) in micro.iter_mut().map(|b| &mut b.teachers[m]).zip(lens) {
+        let mine: Vec<_> = answers.by_ref().take(lens.len()).collect();
+        let next = confidence.then(|| batch.plan.teacher.next_token.clone());
+        let entries = served::entries(&mut batch.plan, &mine, &lens, k, next.as_deref());
+        batch.stored = Some(entries);
+    }
+    Ok(())
 }

@@ -24,6 +24,7 @@ use crate::config::{RunConfig, TeacherSettings};
 use crate::data::{encode_text, fingerprint, sources, DocumentReader, Shard};
 use crate::error::{Context, Error, Result};
 use crate::output::{claim_work_dir, Inputs};
+use crate::targets::served::ServedTeacher;
 use crate::targets::shard::{ShardReader, ShardWriter};
 use crate::targets::store::{shard_files, shard_name};
 use crate::targets::{Manifest, FORMAT, MANIFEST};
@@ -77,8 +78,8 @@ pub fn teach<B: XTokenBackend>(
     }
     if taught.is_empty() {
         return Err(Error::Config(
-            "teachers: none has a `model` to run; `xtoken teach` writes the targets of teachers \
-             given by their model directory"
+            "teachers: none has a `model` to run or a `server` to ask; `xtoken teach` writes the \
+             targets of teachers given by their model directory or their server"
                 .into(),
         ));
     }
@@ -102,13 +103,20 @@ fn inputs(config: &RunConfig, settings: &[TeacherSettings]) -> Inputs {
     inputs
 }
 
-/// One teacher, loaded, with its store's directory and manifest in place.
+/// Where a pass's targets come from: the teacher's model, or its server.
+enum Source<B: XTokenBackend> {
+    Model(Transformer<B>),
+    Served(ServedTeacher),
+}
+
+/// One teacher, loaded (or its server connected), with its store's directory and manifest in
+/// place.
 struct TeacherPass<B: XTokenBackend> {
     name: String,
     dir: PathBuf,
     manifest: Manifest,
     vocab: Vocabulary,
-    model: Transformer<B>,
+    source: Source<B>,
     device: B::Device,
 }
 
@@ -126,16 +134,33 @@ impl<B: XTokenBackend> TeacherPass<B> {
         let vocab = Vocabulary::load_padded(&s.tokenizer, Some(vocab_size))
             .with_context(|| format!("teacher {}: its tokenizer", s.name))?;
         let dtype = dtype_of::<B>(s.dtype, device);
-        let window = window_for(config.teach.window, &hf, &s.name);
+        let mut window = window_for(config.teach.window, &hf, &s.name);
+        if s.server.is_some() && window >= hf.architecture.max_position_embeddings {
+            // A served window is asked with the token after it.
+            window = window.saturating_sub(1).max(1);
+        }
+        let (model, weights, compute) = match &s.server {
+            // A served teacher's weights are the server's: its address and model stand for them.
+            Some(served) => (
+                format!("{} ({})", served.server, served.model),
+                "served".to_string(),
+                "served".to_string(),
+            ),
+            None => (
+                s.model.display().to_string(),
+                weights_sha256(&s.model)?,
+                format!("{dtype:?}"),
+            ),
+        };
         let manifest = Manifest {
             format: FORMAT,
             teacher: s.name.clone(),
-            model: s.model.display().to_string(),
+            model,
             config_sha256: file_sha256(&s.model.join("config.json"))?,
-            weights_sha256: weights_sha256(&s.model)?,
+            weights_sha256: weights,
             tokenizer_sha256: vocab.sha256().to_string(),
             vocab_size,
-            compute_dtype: format!("{dtype:?}"),
+            compute_dtype: compute,
             top_k: config.teach.top_k.min(vocab_size),
             dtype: config.teach_dtype()?,
             temperature: config.loss.temperature,
@@ -153,13 +178,34 @@ impl<B: XTokenBackend> TeacherPass<B> {
         std::fs::copy(vocab.path(), dir.join("tokenizer.json"))
             .with_context(|| format!("copying {}", vocab.path().display()))?;
         manifest.write(dir)?;
-        let model = Transformer::<B>::load_with(&s.model, LoadOptions { dtype }, device)
-            .with_context(|| format!("teacher {}", s.name))?;
+        let (source, what) = match &s.server {
+            Some(served) => {
+                let (teacher, _) =
+                    ServedTeacher::connect(served.clone(), manifest.top_k, vocab_size)
+                        .with_context(|| format!("teachers[{m}].server"))?;
+                let (_, compared) = teacher
+                    .probe(&vocab, crate::train::teachers::PROBE)
+                    .with_context(|| format!("teachers[{m}].server"))?;
+                let what = format!(
+                    "served by {} (model {}; token texts agree on {compared} probe entries)",
+                    served.server, served.model
+                );
+                (Source::Served(teacher), what)
+            }
+            None => {
+                let model = Transformer::<B>::load_with(&s.model, LoadOptions { dtype }, device)
+                    .with_context(|| format!("teacher {}", s.name))?;
+                let what = format!(
+                    "{} ({} parameters, {dtype:?})",
+                    s.model.display(),
+                    model.architecture.num_parameters()
+                );
+                (Source::Model(model), what)
+            }
+        };
         tracing::info!(
-            "teacher {}: {} ({} parameters, {dtype:?}) → {} (top-{} {}, window {})",
+            "teacher {}: {what} → {} (top-{} {}, window {})",
             s.name,
-            s.model.display(),
-            model.architecture.num_parameters(),
             dir.display(),
             manifest.top_k,
             manifest.dtype.name(),
@@ -170,7 +216,7 @@ impl<B: XTokenBackend> TeacherPass<B> {
             dir: dir.to_path_buf(),
             manifest,
             vocab,
-            model,
+            source,
             device: device.clone(),
         })
     }
@@ -260,6 +306,10 @@ impl<B: XTokenBackend> TeacherPass<B> {
             ..Default::default()
         };
         let window = self.manifest.window;
+        let model = match &self.source {
+            Source::Model(model) => model,
+            Source::Served(served) => return served_document(served, ids, window, all),
+        };
         for (w, part) in ids.chunks(window).enumerate() {
             let start = w * window;
             let next: Vec<i32> = (0..part.len())
@@ -268,8 +318,7 @@ impl<B: XTokenBackend> TeacherPass<B> {
             let row: Vec<i64> = part.iter().map(|&t| t as i64).collect();
             let input = tokens::<B>(&row, &None, [1, part.len()], &self.device)?;
             let forward = Instant::now();
-            let logits = self
-                .model
+            let logits = model
                 .forward_of(&input)
                 .with_context(|| format!("teacher {}: forward", self.name))?;
             B::sync(&self.device).ok();
@@ -284,9 +333,46 @@ impl<B: XTokenBackend> TeacherPass<B> {
             all.neg_ce.extend(found.neg_ce);
             all.neg_entropy.extend(found.neg_entropy);
             all.max_prob.extend(found.max_prob);
+            all.observed_rank.extend(found.observed_rank);
         }
         Ok(all)
     }
+}
+
+/// One document's targets from a served teacher, window by window: each window asked with the
+/// token after it (so that its last position's next token is observed, as in-process), and the
+/// document's last position, which no chunk reads (nothing follows it), kept empty.
+fn served_document(
+    served: &ServedTeacher,
+    ids: &[u32],
+    window: usize,
+    mut all: PositionTargets,
+) -> Result<PositionTargets> {
+    let k = all.k;
+    let prompts: Vec<Vec<u32>> = (0..ids.len())
+        .step_by(window.max(1))
+        .map(|start| ids[start..(start + window + 1).min(ids.len())].to_vec())
+        .collect();
+    for found in served.answers(&prompts)? {
+        let cut = |v: &[u32]| v[..found.observed.len() * k].to_vec();
+        all.ids.extend(cut(&found.ids));
+        all.logp.extend(&found.logp[..found.observed.len() * k]);
+        all.observed.extend(found.observed);
+        all.neg_ce.extend(found.neg_ce);
+        all.neg_entropy.extend(found.neg_entropy);
+        all.max_prob.extend(found.max_prob);
+        all.observed_rank.extend(found.observed_rank);
+    }
+    if !ids.is_empty() {
+        all.ids.extend(std::iter::repeat_n(0, k));
+        all.logp.extend(std::iter::repeat_n(f32::NEG_INFINITY, k));
+        all.observed.push(0.0);
+        all.neg_ce.push(0.0);
+        all.neg_entropy.push(0.0);
+        all.max_prob.push(0.0);
+        all.observed_rank.push(0);
+    }
+    Ok(all)
 }
 
 /// The window a teacher reads in: `teach.window`, cut to the positions the model has

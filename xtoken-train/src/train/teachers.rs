@@ -13,7 +13,7 @@ use xtoken_core::audit::{self, AuditOptions};
 use xtoken_core::common::{CommonSet, CommonTables};
 use xtoken_core::loss::multi::Weighting;
 use xtoken_core::loss::pkl::LearnableProjection;
-use xtoken_core::loss::{hkl, Loss, LossKind, LossParams, TeacherTargets};
+use xtoken_core::loss::{hkl, Loss, LossKind, LossParams, TeacherTargets, TopK};
 use xtoken_core::projection::SparseProjection;
 use xtoken_core::vocab::Vocabulary;
 use xtoken_models::{LoadOptions, ModelError, Tokens, Transformer};
@@ -23,6 +23,7 @@ use crate::config::{DtypeChoice, RunConfig, TeacherSettings};
 use crate::data::{fingerprint, TeacherBatch};
 use crate::error::{Context, Error, Result};
 use crate::observe::profile;
+use crate::targets::served::ServedTeacher;
 use crate::targets::store::Store;
 use crate::train::inputs::{projection_for, RunInputs};
 
@@ -36,6 +37,8 @@ pub struct Teacher<B: AutodiffBackend> {
     pub model: Option<Transformer<B::InnerBackend>>,
     /// Its stored targets (`teachers[].targets`), whose entries the loader merges.
     pub store: Option<Arc<Store>>,
+    /// Its server (`teachers[].server`), whose answers the loader merges.
+    pub served: Option<Arc<ServedTeacher>>,
     /// Its vocabulary size (the width of its logits).
     pub vocab: usize,
     /// GOLD, H-KL: the common set's tables.
@@ -85,6 +88,27 @@ impl<B: TrainBackend> Teacher<B> {
             _ => None,
         };
         let (model, store) = match &settings.targets {
+            None if settings.server.is_some() => {
+                let (served, said) = connect_served(config, inputs, m)?;
+                if lead {
+                    tracing::info!(
+                        "teacher {}: {said}, {}, α = {}",
+                        settings.name,
+                        kind.name(),
+                        settings.alpha
+                    );
+                }
+                return Ok(Self {
+                    settings: settings.clone(),
+                    kind,
+                    model: None,
+                    store: None,
+                    served: Some(Arc::new(served)),
+                    vocab: widths.1,
+                    tables,
+                    projection,
+                });
+            }
             Some(dir) => {
                 let store = open_store(config, inputs, m, dir, allow_data_change)?;
                 if lead {
@@ -108,6 +132,7 @@ impl<B: TrainBackend> Teacher<B> {
             kind,
             model,
             store,
+            served: None,
             vocab: widths.1,
             tables,
             projection,
@@ -199,6 +224,51 @@ fn load_model<B: TrainBackend>(
         );
     }
     Ok(model)
+}
+
+/// The text a served teacher is probed with: its answer's token texts are compared with the
+/// run's teacher tokenizer.
+pub const PROBE: &str = "The quick brown fox jumps over the lazy dog: 12 cups of tea, 3.5 km, \
+                     and a naïve café's crème brûlée. Grüße! 你好，世界。";
+
+/// Connects teacher `m`'s server: it must list the served model, give the run's top-K, and its
+/// token texts must be the teacher tokenizer's on a probe. Returns the teacher and what it is,
+/// said in one line.
+pub fn connect_served(
+    config: &RunConfig,
+    inputs: &RunInputs,
+    m: usize,
+) -> Result<(ServedTeacher, String)> {
+    let settings = &inputs.settings[m];
+    let at = || format!("teachers[{m}].server");
+    let served = settings
+        .server
+        .clone()
+        .ok_or_else(|| Error::Config(format!("{}: not a served teacher", at())))?;
+    let vocab = inputs.teacher_configs[m].architecture.vocab_size;
+    let k = match config.loss_params().top_k {
+        TopK::K(k) => k.min(vocab),
+        TopK::All => vocab,
+    };
+    let (url, model) = (served.server.clone(), served.model.clone());
+    let (teacher, info) = ServedTeacher::connect(served, k, vocab).with_context(at)?;
+    if let Some(max) = info.max_logprobs.filter(|&max| max < k) {
+        return Err(Error::Served(format!(
+            "teacher {}: {url} gives at most {max} log-probabilities per position, the run's \
+             loss.top_k asks for {k}; lower loss.top_k or serve with a larger --max-logprobs",
+            settings.name
+        )));
+    }
+    let (positions, compared) = teacher
+        .probe(&inputs.pipeline.teachers[m], PROBE)
+        .with_context(at)?;
+    let said = format!(
+        "served by {url} (model {model}, top-{k} per position, {} answers; its token texts \
+         agree with {} on {compared} entries of a {positions}-token probe)",
+        if teacher.binary() { "binary" } else { "JSON" },
+        inputs.pipeline.teachers[m].path().display()
+    );
+    Ok((teacher, said))
 }
 
 /// Opens teacher `m`'s stored targets in `dir` and checks them against the run.

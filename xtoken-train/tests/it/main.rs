@@ -17,6 +17,7 @@ mod on_policy;
 mod precision;
 mod profile;
 mod run_directory;
+mod served;
 mod stored;
 mod streaming;
 #[path = "../../../tests/it/support/mod.rs"]
@@ -24,3 +25,4 @@ mod support;
 #[path = "../../../tests/it/support/tokenizer_json.rs"]
 mod tokenizer_json;
 mod train;
+mod vllm;

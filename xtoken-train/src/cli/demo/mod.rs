@@ -33,7 +33,9 @@ use report::{MethodResult, Points};
 use runs::{Job, Run};
 pub use setup::DemoArgs;
 pub(crate) use setup::{Regime, ALPHA, LR_DISTILL};
-use setup::{LR_WARM_UP, METHODS, STORED_METHOD, STUDENT_SHAPE, STUDENT_VOCAB, TEACHER_SHAPE};
+use setup::{
+    LR_WARM_UP, METHODS, SERVED_METHOD, STORED_METHOD, STUDENT_SHAPE, STUDENT_VOCAB, TEACHER_SHAPE,
+};
 use xtoken_core::audit::{self, AuditOptions};
 use xtoken_core::projection::SparseProjection;
 use xtoken_core::vocab::Vocabulary;
@@ -141,6 +143,19 @@ fn one_seed(
             rows.push(row);
         }
     }
+    if args.served {
+        say("the audit's pick from its teacher served by `xtoken serve` (top-20)");
+        let served: Vec<Job<'_, (MethodResult, Points)>> = picks
+            .iter()
+            .map(|&(regime, pick)| -> Job<'_, (MethodResult, Points)> {
+                let s = &s;
+                Box::new(move || s.served_student(regime, pick))
+            })
+            .collect();
+        for (row, _) in runs::pool(threads, served)? {
+            rows.push(row);
+        }
+    }
     for (mut row, curve) in runs::pool(threads, jobs)? {
         row.audit_pick = picks.contains(&(row.regime, row.method.as_str()));
         if row.regime == args.regimes[0] {
@@ -210,6 +225,7 @@ impl Seeded<'_> {
             seed: self.seed,
             device: &self.args.device,
             stored: None,
+            served: None,
         }
     }
 
@@ -304,6 +320,47 @@ impl Seeded<'_> {
         .train()?;
         let (final_loss, curve) = runs::ce_curve(&out)?;
         Ok((self.score(regime, STORED_METHOD, &out, final_loss)?, curve))
+    }
+
+    /// `--served`: the regime's teacher served by `xtoken serve` (a thread of this process,
+    /// on the demo's device, in f32), and the audit's pick `pick` distilled from its top-20.
+    fn served_student(&self, regime: Regime, pick: &str) -> Result<(MethodResult, Points)> {
+        let (_, loss, alpha) = METHODS
+            .iter()
+            .find(|m| m.0 == pick)
+            .copied()
+            .ok_or_else(|| anyhow::anyhow!("the audit's pick {pick} is no method of the demo"))?;
+        let dir = self.runs().join(regime.name());
+        let (start, teacher) = (self.student_start(), dir.join("teacher").join("student"));
+        let mut options = xtoken_train::train::serve::ServeOptions::new(teacher.clone());
+        options.name = Some("teacher".into());
+        options.port = 0;
+        options.device = self.args.device.clone();
+        options.dtype = xtoken_train::config::DtypeChoice::F32;
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let served = xtoken_train::train::serve::serve(options, move |address| {
+                send.send(address).ok();
+            });
+            if let Err(e) = served {
+                eprintln!("xtoken serve: {}", e.report());
+            }
+        });
+        let address = receive
+            .recv()
+            .map_err(|_| anyhow::anyhow!("xtoken serve did not start"))?;
+        let url = format!("http://{address}/v1");
+        let out = dir.join("served-pick");
+        Run {
+            teacher: &teacher,
+            loss,
+            alpha,
+            served: Some((&url, 20)),
+            ..self.ce_run(&out, &start, self.args.student_steps, LR_DISTILL)
+        }
+        .train()?;
+        let (final_loss, curve) = runs::ce_curve(&out)?;
+        Ok((self.score(regime, SERVED_METHOD, &out, final_loss)?, curve))
     }
 
     fn score(

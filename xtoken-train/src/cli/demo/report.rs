@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use xtoken_train::observe::metrics::{bar_chart, line_chart};
 
-use super::setup::{DemoArgs, Regime, ALPHA, METHODS, STORED_METHOD};
+use super::setup::{DemoArgs, Regime, ALPHA, METHODS, SERVED_METHOD, STORED_METHOD};
 
 /// One model's evaluation: a teacher's (`method` "teacher") or a student's.
 #[derive(Debug, Clone, Serialize)]
@@ -51,13 +51,14 @@ fn percent(values: &[f64], seeds: bool) -> String {
     }
 }
 
-/// The methods in table order: the teacher, then the students (the one from stored targets,
-/// `--stored`, last, where it ran).
+/// The methods in table order: the teacher, then the students (the ones from stored targets,
+/// `--stored`, and from a served teacher, `--served`, last, where they ran).
 fn methods(results: &[MethodResult]) -> impl Iterator<Item = &'static str> + '_ {
-    let stored = results.iter().any(|r| r.method == STORED_METHOD);
+    let ran = |method: &'static str| results.iter().any(|r| r.method == method).then_some(method);
     std::iter::once("teacher")
         .chain(METHODS.iter().map(|m| m.0))
-        .chain(stored.then_some(STORED_METHOD))
+        .chain(ran(STORED_METHOD))
+        .chain(ran(SERVED_METHOD))
 }
 
 /// The rows of one regime and method, over the seeds.

@@ -29,6 +29,8 @@ pub struct Run<'a> {
     /// Read the teacher's stored targets in this directory instead of running `teacher`, with
     /// this top-K (`None`: the teacher runs, the whole vocabulary kept).
     pub stored: Option<(&'a Path, usize)>,
+    /// Or ask the teacher served at this API base, as `teacher`, with this top-K.
+    pub served: Option<(&'a str, usize)>,
 }
 
 impl Run<'_> {
@@ -75,11 +77,18 @@ save_dtype = "f32"
 "#,
             out = path(self.out),
             student = path(self.student),
-            source = match self.stored {
-                Some((dir, _)) => format!("targets = {}", path(dir)),
-                None => format!("model = {}", path(self.teacher)),
+            source = match (self.stored, self.served) {
+                (Some((dir, _)), _) => format!("targets = {}", path(dir)),
+                (None, Some((url, _))) => format!(
+                    "server = {url:?}\nserved_model = \"teacher\"\ntokenizer = {}",
+                    path(self.teacher)
+                ),
+                (None, None) => format!("model = {}", path(self.teacher)),
             },
-            top_k = self.stored.map_or(0, |(_, k)| k),
+            top_k = self
+                .stored
+                .or(self.served.map(|(_, k)| (self.teacher, k)))
+                .map_or(0, |(_, k)| k),
             data = path(self.data),
             loss = self.loss,
             alpha = self.alpha,

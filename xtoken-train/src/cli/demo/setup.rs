@@ -59,6 +59,10 @@ pub struct DemoArgs {
     /// top-64 in 8 bits, beside the online run that keeps the whole vocabulary.
     #[arg(long)]
     pub(super) stored: bool,
+    /// Also distill the audit's pick from its teacher served by `xtoken serve` (in this
+    /// process, over HTTP on 127.0.0.1) at top-20, vLLM's default.
+    #[arg(long)]
+    pub(super) served: bool,
 }
 
 /// Which teacher the students are distilled from.
@@ -125,6 +129,8 @@ pub(crate) const ALPHA: f64 = 2.0;
 /// The students: name, loss and α (`CE only` is the floor: the same run with α = 0).
 /// The row of the audit's pick distilled from stored targets (`--stored`).
 pub(super) const STORED_METHOD: &str = "audit's pick, stored top-64 8-bit";
+/// The row of the audit's pick distilled from a served teacher (`--served`).
+pub(super) const SERVED_METHOD: &str = "audit's pick, served top-20";
 
 pub(super) const METHODS: [(&str, &str, f64); 5] = [
     ("CE only", "uld", 0.0),
