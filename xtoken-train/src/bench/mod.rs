@@ -21,6 +21,8 @@ use clap::Subcommand;
 
 /// The benchmarks.
 #[derive(Subcommand)]
+// Parsed once per process: `train`'s many options cost nothing worth boxing.
+#[allow(clippy::large_enum_variant)]
 pub enum BenchCommand {
     /// Wall time of `projection build` (tokenizer loading included), per stage.
     Projection(projection::ProjectionBenchArgs),

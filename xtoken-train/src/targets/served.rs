@@ -495,7 +495,7 @@ pub fn entries(
         k,
         confidence: None,
     };
-    for slot in 0..slots {
+    for (slot, &shift) in sigma.iter().enumerate() {
         let found = (plan.chunk_mask[slot] > 0.0)
             .then(|| at(side.predict_row[slot] as usize))
             .flatten();
@@ -504,9 +504,11 @@ pub fn entries(
             continue;
         };
         let from = p * a.k;
-        for j in 0..k {
-            out.ids[slot * k + j] = a.ids[from + j] as i64;
-            out.logp[slot * k + j] = (a.logp[from + j] as f64 + sigma[slot]) as f32;
+        let ids = &mut out.ids[slot * k..(slot + 1) * k];
+        let logp = &mut out.logp[slot * k..(slot + 1) * k];
+        for (j, (id, value)) in ids.iter_mut().zip(logp.iter_mut()).enumerate() {
+            *id = a.ids[from + j] as i64;
+            *value = (a.logp[from + j] as f64 + shift) as f32;
         }
     }
     if let Some(next) = confidence {

@@ -264,6 +264,15 @@ struct CompletionRequest {
     return_token_ids: bool,
 }
 
+/// A request refused: its status and why.
+struct Refusal(StatusCode, String);
+
+impl Refusal {
+    fn bad(message: String) -> Self {
+        Self(StatusCode::BAD_REQUEST, message)
+    }
+}
+
 /// An error answer in the OpenAI shape vLLM uses.
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     let kind = match status {
@@ -315,8 +324,8 @@ fn unix_seconds() -> u64 {
 fn read_request(
     shared: &Shared,
     body: &[u8],
-) -> std::result::Result<(Vec<u32>, Option<usize>, bool), Response> {
-    let bad = |m: String| error(StatusCode::BAD_REQUEST, m);
+) -> std::result::Result<(Vec<u32>, Option<usize>, bool), Refusal> {
+    let bad = Refusal::bad;
     let r: CompletionRequest = serde_json::from_slice(body)
         .map_err(|e| bad(format!("the request is not a completion request: {e}")))?;
     if r.model != shared.name {
@@ -324,7 +333,7 @@ fn read_request(
             "The model `{}` does not exist. Valid aliases: {}.",
             r.model, shared.name
         );
-        return Err(error(StatusCode::NOT_FOUND, m));
+        return Err(Refusal(StatusCode::NOT_FOUND, m));
     }
     let prompt: Vec<u32> = match &r.prompt {
         serde_json::Value::Array(items) => items
@@ -387,7 +396,7 @@ async fn completions(
 ) -> Response {
     let (prompt, k, token_ids) = match read_request(&shared, &body) {
         Ok(r) => r,
-        Err(response) => return response,
+        Err(Refusal(status, message)) => return error(status, message),
     };
     let (reply, answer) = tokio::sync::oneshot::channel();
     let job = Job {

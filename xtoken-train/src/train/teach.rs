@@ -105,7 +105,7 @@ fn inputs(config: &RunConfig, settings: &[TeacherSettings]) -> Inputs {
 
 /// Where a pass's targets come from: the teacher's model, or its server.
 enum Source<B: XTokenBackend> {
-    Model(Transformer<B>),
+    Model(Box<Transformer<B>>),
     Served(ServedTeacher),
 }
 
@@ -200,7 +200,7 @@ impl<B: XTokenBackend> TeacherPass<B> {
                     s.model.display(),
                     model.architecture.num_parameters()
                 );
-                (Source::Model(model), what)
+                (Source::Model(Box::new(model)), what)
             }
         };
         tracing::info!(
