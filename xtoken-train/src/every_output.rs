@@ -58,6 +58,8 @@ const INPUTS: &[&str] = &[
     "bench train/student_tokenizer",
     "bench train/teacher_tokenizer",
     "bench on-policy/demo",
+    "serve/model",
+    "serve/tokenizer",
 ];
 
 /// The sandbox every command runs in: tokenizers, models, a finished run and its checkpoint,

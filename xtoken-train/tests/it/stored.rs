@@ -299,7 +299,7 @@ fn stores_that_do_not_fit_the_run_are_refused() {
                 &format!("model = \"{}\"\ntargets = ", f.teacher.display()),
             )
         },
-        "not both",
+        "not several",
     );
     // One flipped byte in a shard.
     let shard = std::fs::read_dir(digits.join("shards"))
