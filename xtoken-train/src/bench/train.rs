@@ -660,18 +660,7 @@ fn served_runs(args: &TrainBenchArgs, work: &Path, rows: &[(Variant, Timed)]) ->
     options.device = args.device.clone();
     options.dtype =
         xtoken_train::config::DtypeChoice::parse("--teacher-dtype", &args.teacher_dtype, true)?;
-    let (send, receive) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let served = xtoken_train::train::serve::serve(options, move |address| {
-            send.send(address).ok();
-        });
-        if let Err(e) = served {
-            eprintln!("xtoken serve: {}", e.report());
-        }
-    });
-    let address = receive
-        .recv_timeout(std::time::Duration::from_secs(1800))
-        .context("xtoken serve did not start")?;
+    let address = xtoken_train::train::serve::serve_in_background(options)?;
     let url = format!("http://{address}/v1");
     println!(
         "

@@ -27,6 +27,7 @@
 //! them whatever its order, seed or packing.
 
 pub mod answer;
+pub mod merge;
 pub mod served;
 pub mod shard;
 pub mod store;

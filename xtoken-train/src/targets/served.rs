@@ -23,6 +23,7 @@ use xtoken_kernels::host::{HostEntries, PositionTargets};
 use xtoken_kernels::ConfidenceStats;
 
 use super::answer::{self, PromptLogprobs, BINARY};
+use super::merge::continuation_shifts;
 pub use crate::config::{Format, ServedSettings};
 use crate::error::{Error, Result};
 
@@ -473,22 +474,8 @@ pub fn entries(
         let (b, p) = (r / len, r % len);
         (p + 1 < *lens.get(b)?).then(|| (&answers[b], p))
     };
-    let slots = plan.batch * plan.chunks;
-    let side = &plan.teacher;
-    let mut terms: Vec<(u32, u32, u32)> = side
-        .continuation_row
-        .iter()
-        .zip(&side.continuation_token)
-        .zip(&side.continuation_chunk)
-        .map(|((&r, &t), &c)| (r as u32, t as u32, c as u32))
-        .collect();
-    terms.sort_unstable();
-    let mut sigma = vec![0.0f64; slots];
-    for &(row, _, slot) in &terms {
-        if let Some((a, p)) = at(row as usize) {
-            sigma[slot as usize] += a.observed[p] as f64;
-        }
-    }
+    let sigma = continuation_shifts(plan, |row| at(row).map(|(a, p)| a.observed[p]));
+    let (slots, side) = (plan.batch * plan.chunks, &plan.teacher);
     let mut out = HostEntries {
         ids: vec![0; slots * k],
         logp: vec![f32::NEG_INFINITY; slots * k],

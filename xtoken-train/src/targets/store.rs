@@ -13,6 +13,7 @@ use xtoken_kernels::ConfidenceStats;
 use xtoken_core::loss::{LossParams, TopK};
 use xtoken_core::vocab::Vocabulary;
 
+use super::merge::continuation_shifts;
 use super::shard::{DocRecord, ShardReader};
 use super::Manifest;
 use crate::data::fingerprint::{self, ShardPrint};
@@ -248,21 +249,11 @@ impl Store {
         }
         let rows = self.locate(spans, ids, plan.teacher_len)?;
         let slots = plan.batch * plan.chunks;
+        let sigma = continuation_shifts(plan, |row| {
+            let (doc, q) = rows.predicting(row)?;
+            Some(doc.observed(q))
+        });
         let side = &plan.teacher;
-        let mut terms: Vec<(u32, u32, u32)> = side
-            .continuation_row
-            .iter()
-            .zip(&side.continuation_token)
-            .zip(&side.continuation_chunk)
-            .map(|((&r, &t), &c)| (r as u32, t as u32, c as u32))
-            .collect();
-        terms.sort_unstable();
-        let mut sigma = vec![0.0f64; slots];
-        for &(row, _, slot) in &terms {
-            if let Some((doc, q)) = rows.predicting(row as usize) {
-                sigma[slot as usize] += doc.observed(q) as f64;
-            }
-        }
         // Each slot's entries, found, decoded and shifted on every core.
         let found: Vec<Option<(DocRecord<'_>, usize)>> = (0..slots)
             .map(|slot| {

@@ -127,6 +127,23 @@ pub fn serve(options: ServeOptions, ready: impl FnOnce(SocketAddr) + Send) -> Re
     on_backend(kind, &[], Work(options, ready))
 }
 
+/// Serves `options.model` on a thread of its own and returns the bound address once requests
+/// are taken; a server that fails to start (its model, its address) returns its error here.
+pub fn serve_in_background(options: ServeOptions) -> Result<SocketAddr> {
+    let (send, receive) = mpsc::channel();
+    let ready = send.clone();
+    std::thread::spawn(move || {
+        if let Err(e) = serve(options, move |address| {
+            ready.send(Ok(address)).ok();
+        }) {
+            send.send(Err(e)).ok();
+        }
+    });
+    receive
+        .recv()
+        .map_err(|_| crate::error::Error::Run("xtoken serve ended before it served".into()))?
+}
+
 fn serve_on<B: XTokenBackend>(
     options: ServeOptions,
     device: &B::Device,

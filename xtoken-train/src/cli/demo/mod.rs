@@ -130,29 +130,32 @@ fn one_seed(
         })
         .collect();
     let mut curves = Vec::new();
-    if args.stored {
-        say("the audit's pick from its teacher's stored targets (top-64, 8-bit)");
-        let stored: Vec<Job<'_, (MethodResult, Points)>> = picks
+    // (asked for, what it is, whether from the store rather than a server)
+    let extra = [
+        (
+            args.stored,
+            "the audit's pick from its teacher's stored targets (top-64, 8-bit)",
+            true,
+        ),
+        (
+            args.served,
+            "the audit's pick from its teacher served by `xtoken serve` (top-20)",
+            false,
+        ),
+    ];
+    for (_, what, stored) in extra.into_iter().filter(|e| e.0) {
+        say(what);
+        let runs: Vec<Job<'_, (MethodResult, Points)>> = picks
             .iter()
             .map(|&(regime, pick)| -> Job<'_, (MethodResult, Points)> {
                 let s = &s;
-                Box::new(move || s.stored_student(regime, pick))
+                Box::new(move || match stored {
+                    true => s.stored_student(regime, pick),
+                    false => s.served_student(regime, pick),
+                })
             })
             .collect();
-        for (row, _) in runs::pool(threads, stored)? {
-            rows.push(row);
-        }
-    }
-    if args.served {
-        say("the audit's pick from its teacher served by `xtoken serve` (top-20)");
-        let served: Vec<Job<'_, (MethodResult, Points)>> = picks
-            .iter()
-            .map(|&(regime, pick)| -> Job<'_, (MethodResult, Points)> {
-                let s = &s;
-                Box::new(move || s.served_student(regime, pick))
-            })
-            .collect();
-        for (row, _) in runs::pool(threads, served)? {
+        for (row, _) in runs::pool(threads, runs)? {
             rows.push(row);
         }
     }
@@ -337,18 +340,7 @@ impl Seeded<'_> {
         options.port = 0;
         options.device = self.args.device.clone();
         options.dtype = xtoken_train::config::DtypeChoice::F32;
-        let (send, receive) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let served = xtoken_train::train::serve::serve(options, move |address| {
-                send.send(address).ok();
-            });
-            if let Err(e) = served {
-                eprintln!("xtoken serve: {}", e.report());
-            }
-        });
-        let address = receive
-            .recv()
-            .map_err(|_| anyhow::anyhow!("xtoken serve did not start"))?;
+        let address = xtoken_train::train::serve::serve_in_background(options)?;
         let url = format!("http://{address}/v1");
         let out = dir.join("served-pick");
         Run {
