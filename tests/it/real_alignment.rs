@@ -1,7 +1,8 @@
-//! DP alignment on the real Llama-3.2, Qwen3, Phi-4-mini and Llama-2 tokenizers, read from
+//! DP alignment on the real Llama-3.2, Qwen3, Phi-4-mini, Llama-2 and Mistral-v0.3 tokenizers
+//! and a generated one of Gemma's structure (`support::gemma_like`), read from
 //! `XTOKEN_TOKENIZERS_DIR` (CI: `../shared/tokenizers`). Without it they are ignored, with a reason.
 
-use crate::support::tokenizers_dir;
+use crate::support::{gemma_like, tokenizers_dir};
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
@@ -20,6 +21,8 @@ struct Vocabs {
     qwen3: Vocabulary,
     phi4: Vocabulary,
     llama2: Vocabulary,
+    mistral: Vocabulary,
+    gemma: Vocabulary,
 }
 
 fn vocabs() -> &'static Vocabs {
@@ -34,6 +37,8 @@ fn vocabs() -> &'static Vocabs {
             qwen3: load("qwen3"),
             phi4: load("phi-4-mini"),
             llama2: load("llama-2"),
+            mistral: load("mistral-v0.3"),
+            gemma: Vocabulary::load(gemma_like::dir(&tokenizers_dir())).unwrap(),
         }
     })
 }
@@ -51,6 +56,8 @@ fn aligners() -> &'static Vec<(&'static str, &'static Vocabulary, Aligner, Align
             ("qwen3", &v.qwen3),
             ("phi-4-mini", &v.phi4),
             ("llama-2", &v.llama2),
+            ("mistral-v0.3", &v.mistral),
+            ("gemma-like", &v.gemma),
         ]
         .into_iter()
         .map(|(name, t)| {
@@ -186,10 +193,14 @@ fn paper_hello_world_bos_costs_one_gap() {
         let teacher = teacher_vocab.encode("Hello world.").unwrap();
         let a = al.align(&student, &teacher).unwrap();
         check_invariants(al, &a, &student, &teacher, teacher_vocab);
-        if *name == "llama-2" {
-            // Llama-2 adds its own BOS: the two pair by role, then three matches.
-            assert_eq!(a.chunks.len(), 4, "{:?}", a.chunks);
-            assert!(a.chunks.iter().all(|c| c.kind == ChunkKind::Match));
+        if ["llama-2", "mistral-v0.3", "gemma-like"].contains(name) {
+            // These add their own BOS: the two pair by role, then three matches.
+            assert_eq!(a.chunks.len(), 4, "{name}: {:?}", a.chunks);
+            assert!(
+                a.chunks.iter().all(|c| c.kind == ChunkKind::Match),
+                "{name}: {:?}",
+                a.chunks
+            );
             continue;
         }
         let gaps: Vec<_> = a.chunks.iter().filter(|c| !c.is_aligned()).collect();
@@ -242,12 +253,55 @@ fn hard_texts_keep_the_invariants_and_align_every_text_token() {
                 let full = al.align_exhaustive(&student, &teacher).unwrap();
                 assert_eq!(a.score, full.score, "{name} {text:?}");
             }
-            // With span recovery every text token of the student is in a two-sided chunk.
+            // With span recovery every text token of the student is in a two-sided chunk (but
+            // for Mistral's first token after leading spaces: see the Qwen student's test).
             let a = recovering.align(&student, &teacher).unwrap();
-            assert_eq!(
-                aligned_text_positions(&a, &student),
+            let allowed = usize::from(text.starts_with(' ') && *name == "mistral-v0.3");
+            let aligned = aligned_text_positions(&a, &student);
+            assert!(
+                text_positions(&student) - aligned <= allowed,
+                "{name} {text:?}: {aligned} of {} aligned: {:?}",
                 text_positions(&student),
-                "{name} {text:?}: {:?}",
+                a.chunks
+            );
+        }
+    }
+}
+
+/// Qwen3 as the student (a Qwen2.5 or Qwen3 student shares its tokenizer) against the
+/// SentencePiece teachers: every text token of the hard texts lands in a two-sided chunk.
+#[test]
+#[cfg_attr(not(xtoken_tokenizers), ignore = "needs XTOKEN_TOKENIZERS_DIR")]
+fn a_qwen_student_aligns_with_mistral_and_gemma_teachers() {
+    let v = vocabs();
+    let recover = AlignParams {
+        recover_spans: true,
+        ..AlignParams::default()
+    };
+    for (name, teacher_vocab) in [("mistral-v0.3", &v.mistral), ("gemma-like", &v.gemma)] {
+        let al = Aligner::new(&v.qwen3, teacher_vocab, recover).unwrap();
+        for text in HARD_TEXTS {
+            let student = v.qwen3.encode(text).unwrap();
+            let teacher = teacher_vocab.encode(text).unwrap();
+            let a = al.align(&student, &teacher).unwrap();
+            al.verify(&student, &teacher, &a).unwrap();
+            let text_tokens = student
+                .iter()
+                .filter(|&&id| v.qwen3.token(id).unwrap().kind != TokenKind::Special)
+                .count();
+            let aligned = a
+                .aligned()
+                .flat_map(|c| c.student.range())
+                .filter(|&p| v.qwen3.token(student[p]).unwrap().kind != TokenKind::Special)
+                .count();
+            // Mistral-v0.3 puts its prefix space only before a text that does not start with
+            // one, which its ids do not tell: a text that starts with spaces may leave its first
+            // token unaligned (a one-sided gap, never a wrong pair: `verify` holds).
+            let leading_space = text.starts_with(' ') && name == "mistral-v0.3";
+            let allowed = if leading_space { 1 } else { 0 };
+            assert!(
+                text_tokens - aligned <= allowed,
+                "{name} {text:?}: {aligned} of {text_tokens} aligned: {:?}",
                 a.chunks
             );
         }
@@ -297,8 +351,13 @@ fn banded_equals_exhaustive_on_a_long_mixed_document() {
         assert_eq!(banded.score, full.score, "{name}");
         assert_eq!(banded.chunks, full.chunks, "{name}");
         let s = aligned_text_positions(&banded, &student);
+        // Gemma's SentencePiece has no pre-tokenizer: runs of spaces and tabs merge with the
+        // word after them in other places than Llama-3's byte-level pieces cut them, and the
+        // paper's aligner leaves such a crossing pair unaligned (span recovery aligns it: see
+        // the hard texts above).
+        let share = if *name == "gemma-like" { 0.9 } else { 0.97 };
         assert!(
-            s as f64 >= 0.97 * text_positions(&student) as f64,
+            s as f64 >= share * text_positions(&student) as f64,
             "{name}: only {s} of {} student tokens aligned",
             student.len()
         );

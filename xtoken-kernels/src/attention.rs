@@ -6,7 +6,8 @@
 //! The mask is described, not materialized ([`AttentionSpec`]): causal (query `i` of `T_q` sits
 //! at position `T_k − T_q + i`, so a query block after a KV cache sees its past), a sliding
 //! window, and padded keys per sequence. Grouped KV heads are read in place: query head `h`
-//! reads KV head `h / (H / H_kv)`.
+//! reads KV head `h / (H / H_kv)`. Scores may be soft-capped (Gemma-2's `c · tanh(s / c)` of the
+//! scaled score, before the mask and the softmax); the backward multiplies by its derivative.
 //!
 //! This module holds the spec, its checks and the portable host implementation every backend
 //! gets through [`crate::XTokenBackend::xt_attention`]: the inputs are read to f32 once (any
@@ -36,6 +37,8 @@ pub struct AttentionSpec {
     pub window: Option<usize>,
     /// `[batch · T_k]`, `true` where a key is padding, which no query sees.
     pub key_padding: Option<Arc<[bool]>>,
+    /// `c`: each scaled score `s` becomes `c · tanh(s / c)` (Gemma-2's `attn_logit_softcapping`).
+    pub softcap: Option<f32>,
 }
 
 impl AttentionSpec {
@@ -46,6 +49,28 @@ impl AttentionSpec {
             causal: true,
             window: None,
             key_padding: None,
+            softcap: None,
+        }
+    }
+
+    /// The score of a query and a key from their dot product: scaled, then soft-capped where
+    /// the spec says.
+    pub fn score(&self, dot: f32) -> f32 {
+        let s = self.scale * dot;
+        match self.softcap {
+            Some(c) => c * (s / c).tanh(),
+            None => s,
+        }
+    }
+
+    /// `∂score / ∂(scaled score)` at a capped score `score`: `1 − (score / c)²` (1 uncapped).
+    pub fn cap_slope(&self, score: f32) -> f32 {
+        match self.softcap {
+            Some(c) => {
+                let t = score / c;
+                1.0 - t * t
+            }
+            None => 1.0,
         }
     }
 }
@@ -121,6 +146,12 @@ impl Dims {
             return Err(KernelError::Invalid {
                 what: "causal attention",
                 why: format!("{queries} queries over {keys} keys: the queries are the last keys"),
+            });
+        }
+        if spec.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+            return Err(KernelError::Invalid {
+                what: "attention soft-cap",
+                why: format!("{:?} is not a positive number", spec.softcap),
             });
         }
         if spec.window == Some(0) {
@@ -275,7 +306,7 @@ impl Host {
         scores.clear();
         scores.extend(range.clone().map(|j| match self.padded_at(spec, b, j) {
             true => f32::NEG_INFINITY,
-            false => spec.scale * dot(q, self.kv_at(kv, j).0),
+            false => spec.score(dot(q, self.kv_at(kv, j).0)),
         }));
         range
     }
@@ -379,11 +410,12 @@ pub fn backward<B: Backend>(
         .collect();
     let row = |bh: usize, i: usize| bh * d.queries + i;
     let grad_row = |r: usize| &grad[r * n..r * n + n];
-    // p_ij and ∂s_ij of query row r (query q, output gradient g) and key j of KV head kv.
+    // p_ij and ∂s_ij (of the scaled score, before any cap) of query row r (query q, output gradient g) and key j of KV head kv.
     let terms = |(r, q, g): (usize, &[f32], &[f32]), kv: usize, j: usize| {
         let (key, value) = host.kv_at(kv, j);
-        let p = (spec.scale * dot(q, key) - lse[r]).exp();
-        (p, p * (dot(g, value) - delta[r]))
+        let score = spec.score(dot(q, key));
+        let p = (score - lse[r]).exp();
+        (p, p * (dot(g, value) - delta[r]) * spec.cap_slope(score))
     };
     let mut dq = vec![0.0f32; host.q.len()];
     dq.par_chunks_mut(n.max(1)).enumerate().for_each(|(r, dq)| {

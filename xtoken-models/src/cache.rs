@@ -5,6 +5,9 @@
 //! Rows of a batch may hold prompts of different lengths: they are padded on the **left**, and
 //! each row's positions count from its first real token, so a row's logits do not depend on
 //! its neighbours. Padded slots are hidden from every query.
+//!
+//! A sliding-window layer keeps only the last `window − 1` slots after each call (all the next
+//! query can see), so its cache stays bounded however long the generation runs.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor};
@@ -22,6 +25,8 @@ pub struct KvCache<B: Backend> {
     /// Per row: the slot of its first real token (the left padding before it).
     starts: Vec<usize>,
     slots: usize,
+    /// Slots the sliding-window layers have dropped from their front.
+    dropped: usize,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -31,6 +36,7 @@ impl<B: Backend> KvCache<B> {
             layers: Vec::new(),
             starts,
             slots: 0,
+            dropped: 0,
         }
     }
 
@@ -63,11 +69,19 @@ impl<B: Backend> KvCache<B> {
     /// `[rows, 1, n, past + n]`, `true` where a new query may not see a key: the future, left
     /// padding and keys beyond the sliding window. No mask (with whether plain causal masking
     /// applies) when no key needs hiding beyond that.
-    fn mask(&self, n: usize, window: Option<usize>, device: &B::Device) -> Masking<B> {
-        let past = self.slots;
-        let total = past + n;
-        let window = window.filter(|&w| w < total);
-        let padded = self.starts.iter().any(|&s| s > 0);
+    ///
+    /// `dropped` slots are gone from the front of the layer's keys (a sliding layer's).
+    fn mask(
+        &self,
+        n: usize,
+        window: Option<usize>,
+        dropped: usize,
+        device: &B::Device,
+    ) -> Masking<B> {
+        let keys = self.slots + n - dropped;
+        let window = window.filter(|&w| w < keys);
+        let padded = self.starts.iter().any(|&s| s > dropped);
+        let past = keys - n;
         if !padded && window.is_none() && (past == 0 || n == 1) {
             // A fresh pass is causal; a single new query sees every cached key.
             return Masking::Burn {
@@ -76,8 +90,20 @@ impl<B: Backend> KvCache<B> {
             };
         }
         let starts = &self.starts;
-        let left_padding = |row: usize, key: usize| key < starts[row];
-        Masking::burn_mask(self.rows(), (n, total), window, left_padding, device)
+        let left_padding = |row: usize, key: usize| key + dropped < starts[row];
+        Masking::burn_mask(self.rows(), (n, keys), window, left_padding, device)
+    }
+
+    /// Drops a sliding layer's keys that no later query sees: it keeps the last `window − 1`.
+    fn trim(kv: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>, keep: usize) {
+        if let Some((k, v)) = kv.take() {
+            let slots = k.dims()[2];
+            let from = slots.saturating_sub(keep);
+            *kv = Some((
+                k.narrow(2, from, slots - from),
+                v.narrow(2, from, slots - from),
+            ));
+        }
     }
 }
 
@@ -91,12 +117,8 @@ impl<B: XTokenBackend> DecoderLayer<B> {
         compute: DType,
     ) -> Result<Tensor<B, 3>> {
         let attention = &self.self_attn;
-        let (q, k, v) = attention.rotated(
-            crate::model::rms(&self.input_layernorm, x.clone()),
-            rotation.0,
-            rotation.1,
-            compute,
-        );
+        let (q, k, v) =
+            attention.rotated(self.input_norm(x.clone()), rotation.0, rotation.1, compute);
         let (k, v) = match cache.take() {
             Some((past_k, past_v)) => (
                 Tensor::cat(vec![past_k, k], 2),
@@ -139,18 +161,41 @@ impl<B: XTokenBackend> Transformer<B> {
         let device = ids.device();
         let positions = cache.positions(n);
         let span = positions.iter().max().map_or(1, |&p| p + 1);
-        let (cos, sin) = architecture
-            .rope
-            .tables_at::<B>(&positions, rows, span, &device);
-        let mut x = self.embed_tokens.forward(ids);
-        let (cos, sin) = (cos.cast(x.dtype()), sin.cast(x.dtype()));
-        let mask = cache.mask(n, architecture.sliding_window, &device);
+        let mut x = self.scaled_embeddings(self.embed_tokens.forward(ids));
+        let dtype = x.dtype();
+        let tables = |rope: &crate::rope::Rope| {
+            let (cos, sin) = rope.tables_at::<B>(&positions, rows, span, &device);
+            (cos.cast(dtype), sin.cast(dtype))
+        };
+        let global = tables(&architecture.rope);
+        let local = architecture
+            .gemma
+            .as_ref()
+            .and_then(|g| g.local_rope.as_ref())
+            .map(tables);
+        let window = architecture.sliding_window;
+        let full_mask = cache.mask(n, None, 0, &device);
+        let sliding_mask = cache.mask(n, window, cache.dropped, &device);
         cache.layers.resize(self.layers.len(), None);
         let compute = self.compute_dtype();
-        for (layer, kv) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            x = layer.forward_cached(x, (&cos, &sin), &mask, kv, compute)?;
+        for (i, (layer, kv)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
+            let slides = architecture.layer_window(i).is_some();
+            let (cos, sin) = match (&local, slides) {
+                (Some(local), true) => local,
+                _ => &global,
+            };
+            let mask = if slides { &sliding_mask } else { &full_mask };
+            x = layer.forward_cached(x, (cos, sin), mask, kv, compute)?;
+            if let (true, Some(w)) = (slides, window) {
+                KvCache::trim(kv, w.saturating_sub(1).max(1));
+            }
         }
         cache.slots = total;
-        Ok(crate::model::rms(&self.norm, x))
+        if let Some(w) = window {
+            cache.dropped = total
+                .saturating_sub(w.saturating_sub(1).max(1))
+                .max(cache.dropped);
+        }
+        Ok(self.final_norm(x))
     }
 }

@@ -1,5 +1,6 @@
 //! The one description every family's `config.json` is read into, and the parts of that file
-//! the families share (`rope_scaling`, the hub's two spellings of it, `model_type`).
+//! the families share (`rope_scaling`, the hub's two spellings of it, `model_type`,
+//! `layer_types`).
 
 use std::path::{Path, PathBuf};
 
@@ -9,23 +10,78 @@ use serde_json::Value;
 
 use crate::error::{io_error, ModelError, Result};
 use crate::rope::{Rope, RopeScaling};
-use crate::{llama, phi3, qwen3};
+use crate::{gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
     Llama,
+    Qwen2,
     Qwen3,
     Phi3,
+    Mistral,
+    Gemma2,
+    Gemma3,
 }
 
 impl Family {
+    /// Every family, in the order the book lists them.
+    pub const ALL: [Family; 7] = [
+        Family::Llama,
+        Family::Mistral,
+        Family::Qwen2,
+        Family::Qwen3,
+        Family::Phi3,
+        Family::Gemma2,
+        Family::Gemma3,
+    ];
+
     pub fn model_type(self) -> &'static str {
         match self {
             Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
             Family::Phi3 => "phi3",
+            Family::Mistral => "mistral",
+            Family::Gemma2 => "gemma2",
+            Family::Gemma3 => "gemma3_text",
         }
     }
+
+    /// The transformers class a saved `config.json` names.
+    pub fn hf_class(self) -> &'static str {
+        match self {
+            Family::Llama => "LlamaForCausalLM",
+            Family::Qwen2 => "Qwen2ForCausalLM",
+            Family::Qwen3 => "Qwen3ForCausalLM",
+            Family::Phi3 => "Phi3ForCausalLM",
+            Family::Mistral => "MistralForCausalLM",
+            Family::Gemma2 => "Gemma2ForCausalLM",
+            Family::Gemma3 => "Gemma3ForCausalLM",
+        }
+    }
+}
+
+/// The feed-forward's gate activation (`hidden_act` / `hidden_activation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU: `silu(gate) · up` (Llama, Qwen, Phi-3, Mistral).
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// Gemma's departures from the Llama block, all read from its `config.json`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmaShape {
+    /// The scores' scale is `query_pre_attn_scalar^(-1/2)`, not `head_dim^(-1/2)`.
+    pub query_pre_attn_scalar: f64,
+    /// `c` in `c · tanh(s / c)` of each scaled attention score (Gemma-2's 50).
+    pub attn_logit_softcapping: Option<f64>,
+    /// `c` in `c · tanh(z / c)` of each output logit (Gemma-2's 30).
+    pub final_logit_softcapping: Option<f64>,
+    /// The RoPE of the sliding-window layers (Gemma-3's local base of 10,000, unscaled);
+    /// `None`: every layer rotates by [`Architecture::rope`].
+    pub local_rope: Option<Rope>,
 }
 
 /// The decoder-only transformer a config describes, with each family's features as switches.
@@ -48,10 +104,22 @@ pub struct Architecture {
     pub mlp_bias: bool,
     /// Qwen3's per-head RMSNorm of queries and keys before RoPE.
     pub qk_norm: bool,
+    /// Biases on q/k/v but not o (Qwen2's layout).
+    pub qkv_bias: bool,
     /// Phi-3's `qkv_proj` and `gate_up_proj` instead of separate projections.
     pub fused_projections: bool,
-    /// A key is visible to query `i` only if `i − window < key ≤ i` (Phi-3's `sliding_window`).
+    /// A key is visible to query `i` only if `i − window < key ≤ i`, in the layers
+    /// [`Self::sliding_layers`] names.
     pub sliding_window: Option<usize>,
+    /// Per layer, whether it attends through `sliding_window` (`layer_types`'
+    /// `"sliding_attention"`); `None`: every layer does.
+    pub sliding_layers: Option<Vec<bool>>,
+    /// The feed-forward's activation.
+    pub activation: Activation,
+    /// Gemma's blocks: RMSNorm weights as offsets from 1 (`x̂ · (1 + w)`, zero-initialised), a
+    /// norm after attention and on both sides of the MLP, embeddings scaled by `√hidden`, and
+    /// the fields of [`GemmaShape`].
+    pub gemma: Option<GemmaShape>,
     /// Longest context the checkpoint claims; informative, written back on save.
     pub max_position_embeddings: usize,
 }
@@ -86,9 +154,105 @@ impl Architecture {
             attention_bias: false,
             mlp_bias: false,
             qk_norm: false,
+            qkv_bias: false,
             fused_projections: false,
             sliding_window: None,
+            sliding_layers: None,
+            activation: Activation::Silu,
+            gemma: None,
             max_position_embeddings: 131_072,
+        }
+    }
+
+    /// This shape with `family`'s switches on, as its released checkpoints set them (`window`:
+    /// the sliding window of the families that have one): for benchmarks and tests that compare
+    /// families at one size without a checkpoint.
+    pub fn with_family(self, family: Family, window: usize) -> Self {
+        let layers = self.num_hidden_layers;
+        let gemma = |caps: Option<(f64, f64)>, local_rope| GemmaShape {
+            query_pre_attn_scalar: self.head_dim as f64,
+            attn_logit_softcapping: caps.map(|c| c.0),
+            final_logit_softcapping: caps.map(|c| c.1),
+            local_rope,
+        };
+        let base = Architecture {
+            family,
+            ..self.clone()
+        };
+        match family {
+            Family::Llama => base,
+            Family::Mistral => Architecture {
+                sliding_window: Some(window),
+                ..base
+            },
+            Family::Qwen2 => Architecture {
+                qkv_bias: true,
+                ..base
+            },
+            Family::Qwen3 => Architecture {
+                qk_norm: true,
+                ..base
+            },
+            Family::Phi3 => Architecture {
+                fused_projections: true,
+                ..base
+            },
+            Family::Gemma2 => Architecture {
+                activation: Activation::GeluTanh,
+                sliding_window: Some(window),
+                sliding_layers: Some((0..layers).map(|i| i % 2 == 0).collect()),
+                gemma: Some(gemma(Some((50.0, 30.0)), None)),
+                ..base
+            },
+            Family::Gemma3 => {
+                let local = Rope {
+                    theta: 10_000.0,
+                    rotary_dim: self.head_dim,
+                    scaling: RopeScaling::None,
+                };
+                Architecture {
+                    activation: Activation::GeluTanh,
+                    qk_norm: true,
+                    sliding_window: Some(window),
+                    sliding_layers: Some((0..layers).map(|i| (i + 1) % 6 != 0).collect()),
+                    gemma: Some(gemma(None, Some(local))),
+                    ..base
+                }
+            }
+        }
+    }
+
+    /// The sliding window layer `layer` attends through, if any.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        let slides = match &self.sliding_layers {
+            Some(layers) => layers.get(layer).copied().unwrap_or(false),
+            None => true,
+        };
+        self.sliding_window.filter(|_| slides)
+    }
+
+    /// Whether some layers slide and others see every earlier key.
+    pub fn mixes_windows(&self) -> bool {
+        self.sliding_window.is_some()
+            && self
+                .sliding_layers
+                .as_ref()
+                .is_some_and(|l| l.contains(&true) && l.contains(&false))
+    }
+
+    /// The attention scores' scale.
+    pub fn attention_scale(&self) -> f64 {
+        match &self.gemma {
+            Some(g) => g.query_pre_attn_scalar.powf(-0.5),
+            None => (self.head_dim as f64).powf(-0.5),
+        }
+    }
+
+    /// The RoPE of layer `layer`: Gemma-3's local one in its sliding layers.
+    pub fn layer_rope(&self, layer: usize) -> &Rope {
+        match self.gemma.as_ref().and_then(|g| g.local_rope.as_ref()) {
+            Some(local) if self.layer_window(layer).is_some() => local,
+            _ => &self.rope,
         }
     }
 
@@ -167,16 +331,37 @@ impl Architecture {
         if self.sliding_window == Some(0) {
             return Err(field("sliding_window", "must be positive".into()));
         }
+        if let Some(layers) = &self.sliding_layers {
+            if layers.len() != self.num_hidden_layers {
+                return Err(field(
+                    "layer_types",
+                    format!(
+                        "has {} entries for {} layers",
+                        layers.len(),
+                        self.num_hidden_layers
+                    ),
+                ));
+            }
+        }
+        if let Some(g) = &self.gemma {
+            if !positive(g.query_pre_attn_scalar) {
+                return Err(field("query_pre_attn_scalar", "must be positive".into()));
+            }
+            for (name, cap) in [
+                ("attn_logit_softcapping", g.attn_logit_softcapping),
+                ("final_logit_softcapping", g.final_logit_softcapping),
+            ] {
+                if cap.is_some_and(|c| !positive(c)) {
+                    return Err(field(name, "must be positive or null".into()));
+                }
+            }
+        }
         Ok(())
     }
 
     /// A hub-style `config.json` for a model that was not loaded from one.
     pub fn to_hf_json(&self) -> Value {
-        let architecture = match self.family {
-            Family::Llama => "LlamaForCausalLM",
-            Family::Qwen3 => "Qwen3ForCausalLM",
-            Family::Phi3 => "Phi3ForCausalLM",
-        };
+        let architecture = self.family.hf_class();
         let mut json = serde_json::json!({
             "architectures": [architecture],
             "model_type": self.family.model_type(),
@@ -187,7 +372,10 @@ impl Architecture {
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
+            "hidden_act": match self.activation {
+                Activation::Silu => "silu",
+                Activation::GeluTanh => "gelu_pytorch_tanh",
+            },
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope.theta,
             "max_position_embeddings": self.max_position_embeddings,
@@ -240,16 +428,67 @@ impl Architecture {
             Family::Llama => {
                 fields.insert("mlp_bias".into(), self.mlp_bias.into());
             }
-            Family::Qwen3 => {
-                fields.insert("use_sliding_window".into(), false.into());
-            }
             Family::Phi3 => {
                 let partial = self.rope.rotary_dim as f64 / self.head_dim as f64;
                 fields.insert("partial_rotary_factor".into(), partial.into());
                 fields.insert("sliding_window".into(), self.sliding_window.into());
             }
+            Family::Mistral => {
+                fields.insert("sliding_window".into(), self.sliding_window.into());
+            }
+            Family::Qwen2 | Family::Qwen3 => {
+                if self.family == Family::Qwen2 {
+                    // Qwen2 has its biases by design, not by this field.
+                    fields.remove("attention_bias");
+                }
+                // The sliding layers are the last ones, from `max_window_layers` on.
+                let window_from = match &self.sliding_layers {
+                    Some(layers) => layers
+                        .iter()
+                        .position(|&s| s)
+                        .unwrap_or(self.num_hidden_layers),
+                    None => 0,
+                };
+                fields.insert(
+                    "use_sliding_window".into(),
+                    self.sliding_window.is_some().into(),
+                );
+                fields.insert("sliding_window".into(), self.sliding_window.into());
+                fields.insert("max_window_layers".into(), window_from.into());
+            }
+            Family::Gemma2 | Family::Gemma3 => self.gemma_fields(fields),
         }
         json
+    }
+
+    /// Gemma's own fields of a saved `config.json`.
+    fn gemma_fields(&self, fields: &mut serde_json::Map<String, Value>) {
+        fields.remove("hidden_act");
+        fields.insert("hidden_activation".into(), "gelu_pytorch_tanh".into());
+        fields.insert("sliding_window".into(), self.sliding_window.into());
+        let types: Vec<&str> = (0..self.num_hidden_layers)
+            .map(|i| match self.layer_window(i) {
+                Some(_) => "sliding_attention",
+                None => "full_attention",
+            })
+            .collect();
+        fields.insert("layer_types".into(), types.into());
+        let Some(g) = &self.gemma else { return };
+        fields.insert(
+            "query_pre_attn_scalar".into(),
+            g.query_pre_attn_scalar.into(),
+        );
+        fields.insert(
+            "attn_logit_softcapping".into(),
+            g.attn_logit_softcapping.into(),
+        );
+        fields.insert(
+            "final_logit_softcapping".into(),
+            g.final_logit_softcapping.into(),
+        );
+        if let Some(local) = &g.local_rope {
+            fields.insert("rope_local_base_freq".into(), local.theta.into());
+        }
     }
 
     pub fn num_parameters(&self) -> usize {
@@ -257,13 +496,14 @@ impl Architecture {
         let q = self.num_attention_heads * self.head_dim;
         let kv = self.num_key_value_heads * self.head_dim;
         let attention = h * (q + 2 * kv) + q * h;
-        let attention_bias = if self.attention_bias {
-            q + 2 * kv + h
-        } else {
-            0
+        let attention_bias = match (self.attention_bias, self.qkv_bias) {
+            (true, _) => q + 2 * kv + h,
+            (false, true) => q + 2 * kv,
+            (false, false) => 0,
         };
         let mlp = 3 * h * f + if self.mlp_bias { 2 * f + h } else { 0 };
-        let norms = 2 * h + if self.qk_norm { 2 * self.head_dim } else { 0 };
+        let sandwich = if self.gemma.is_some() { 2 * h } else { 0 };
+        let norms = 2 * h + sandwich + if self.qk_norm { 2 * self.head_dim } else { 0 };
         let layer = attention + attention_bias + mlp + norms;
         let head = if self.tie_word_embeddings { 0 } else { v * h };
         v * h + self.num_hidden_layers * layer + h + head
@@ -279,6 +519,22 @@ impl Architecture {
         let attention = 3 * b * self.num_attention_heads as u64 * t * t;
         let logits = 3 * b * t * self.vocab_size as u64;
         4 * (weights + attention + logits)
+    }
+
+    /// Bytes the key/value cache of `rows` sequences of `len` positions takes in a dtype of
+    /// `bytes` per value (evaluation's generation): a sliding-window layer keeps its last
+    /// `window − 1` positions only, the others every position.
+    pub fn kv_cache_bytes(&self, rows: usize, len: usize, bytes: usize) -> u64 {
+        let per_slot = 2 * self.num_key_value_heads * self.head_dim * bytes;
+        (0..self.num_hidden_layers)
+            .map(|layer| {
+                let slots = match self.layer_window(layer) {
+                    Some(w) => len.min(w.saturating_sub(1).max(1)),
+                    None => len,
+                };
+                (rows * slots * per_slot) as u64
+            })
+            .sum()
     }
 }
 
@@ -322,8 +578,22 @@ impl HfConfig {
         };
         let architecture = match model_type.as_str() {
             "llama" => typed::<llama::Config>(&raw, path)?.architecture(path)?,
+            "mistral" => typed::<mistral::Config>(&raw, path)?.architecture(path)?,
+            "qwen2" => typed::<qwen2::Config>(&raw, path)?.architecture(path)?,
             "qwen3" => typed::<qwen3::Config>(&raw, path)?.architecture(path)?,
             "phi3" => typed::<phi3::Config>(&raw, path)?.architecture(path)?,
+            "gemma2" => typed::<gemma2::Config>(&raw, path)?.architecture(path)?,
+            "gemma3_text" => typed::<gemma3::Config>(&raw, path)?.architecture(path)?,
+            "gemma3" => {
+                return Err(ModelError::Field {
+                    path: path.to_path_buf(),
+                    field: "model_type".into(),
+                    why: "\"gemma3\" is the multimodal model (Gemma3ForConditionalGeneration); \
+                          xtoken loads its text model, model_type \"gemma3_text\" (Gemma-3-1B, or \
+                          text_config with the language model's weights)"
+                        .into(),
+                })
+            }
             _ => {
                 return Err(ModelError::UnknownModelType {
                     path: path.to_path_buf(),
@@ -366,10 +636,12 @@ pub struct CommonConfig {
     pub rope_theta: Option<f64>,
     pub rope_scaling: Option<Value>,
     pub rope_parameters: Option<Value>,
-    #[serde(default)]
-    pub tie_word_embeddings: bool,
+    /// Absent: the family's default (tied for Gemma, separate for the rest).
+    pub tie_word_embeddings: Option<bool>,
     #[serde(default = "default_silu")]
     pub hidden_act: String,
+    /// `"sliding_attention"` / `"full_attention"` per layer (transformers' newer configs).
+    pub layer_types: Option<Vec<String>>,
 }
 
 /// What a family decides about the shared fields before they become an [`Architecture`].
@@ -381,6 +653,8 @@ pub(crate) struct FamilyShape {
     pub max_position_embeddings: usize,
     /// Phi-3 keeps the pretraining length at the top level, and it wins over `rope_scaling`'s.
     pub original_max_position_embeddings: Option<usize>,
+    /// `tie_word_embeddings` when the config does not say (transformers' class default).
+    pub tied_by_default: bool,
 }
 
 impl CommonConfig {
@@ -392,6 +666,15 @@ impl CommonConfig {
     /// The architecture with every family switch off; the family turns on its own.
     pub(crate) fn architecture(&self, path: &Path, shape: FamilyShape) -> Result<Architecture> {
         check_silu(path, &self.hidden_act)?;
+        self.architecture_with_rope(path, shape)
+    }
+
+    /// [`Self::architecture`] without the SwiGLU check (Gemma's activation is its own field).
+    pub(crate) fn architecture_with_rope(
+        &self,
+        path: &Path,
+        shape: FamilyShape,
+    ) -> Result<Architecture> {
         let rope = RopeFields {
             path,
             rope_theta: self.rope_theta,
@@ -413,20 +696,69 @@ impl CommonConfig {
             head_dim: shape.head_dim,
             rms_norm_eps: shape.rms_norm_eps,
             rope,
-            tie_word_embeddings: self.tie_word_embeddings,
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(shape.tied_by_default),
             attention_bias: false,
             mlp_bias: false,
             qk_norm: false,
+            qkv_bias: false,
             fused_projections: false,
             sliding_window: None,
+            sliding_layers: None,
+            activation: Activation::Silu,
+            gemma: None,
             max_position_embeddings: shape.max_position_embeddings,
         })
+    }
+
+    /// Qwen2's and Qwen3's window: none unless `use_sliding_window` (transformers drops it
+    /// then), else in the layers from `max_window_layers` on, or as `layer_types` says.
+    pub(crate) fn qwen_window(
+        &self,
+        path: &Path,
+        use_sliding_window: bool,
+        window: Option<usize>,
+        max_window_layers: usize,
+    ) -> Result<(Option<usize>, Option<Vec<bool>>)> {
+        match window.filter(|_| use_sliding_window) {
+            Some(w) => {
+                let layers = self.sliding_layers(path, |i| i >= max_window_layers)?;
+                Ok((Some(w), Some(layers)))
+            }
+            None => Ok((None, None)),
+        }
+    }
+
+    /// Which layers slide, from `layer_types` when the config has it, else `derived` (the
+    /// family's own rule over the layer index).
+    pub(crate) fn sliding_layers(
+        &self,
+        path: &Path,
+        derived: impl Fn(usize) -> bool,
+    ) -> Result<Vec<bool>> {
+        match &self.layer_types {
+            None => Ok((0..self.num_hidden_layers).map(derived).collect()),
+            Some(types) => types
+                .iter()
+                .enumerate()
+                .map(|(i, kind)| match kind.as_str() {
+                    "sliding_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(ModelError::Field {
+                        path: path.to_path_buf(),
+                        field: format!("layer_types[{i}]"),
+                        why: format!(
+                            "{other:?} is not supported (sliding_attention or full_attention)"
+                        ),
+                    }),
+                })
+                .collect(),
+        }
     }
 }
 
 /// The rotary fields as they appear in hub files: `rope_theta` + `rope_scaling` (with its type
 /// under `rope_type`, or `type` in older files), or transformers 5's `rope_parameters`.
-struct RopeFields<'a> {
+pub(crate) struct RopeFields<'a> {
     pub path: &'a Path,
     pub rope_theta: Option<f64>,
     pub rope_scaling: Option<&'a Value>,
@@ -438,7 +770,7 @@ struct RopeFields<'a> {
 }
 
 impl RopeFields<'_> {
-    fn parse(&self) -> Result<Rope> {
+    pub(crate) fn parse(&self) -> Result<Rope> {
         let params = match (self.rope_scaling, self.rope_parameters) {
             (Some(Value::Null) | None, Some(Value::Null) | None) => None,
             (Some(Value::Null) | None, Some(p)) => Some(("rope_parameters", p)),

@@ -22,7 +22,10 @@ pub enum ModelError {
         field: String,
         why: String,
     },
-    #[error("{path}: model_type {model_type:?} is not supported (supported: llama, qwen3, phi3)")]
+    #[error(
+        "{path}: model_type {model_type:?} is not supported (supported: llama, mistral, qwen2, \
+         qwen3, phi3, gemma2, gemma3_text)"
+    )]
     UnknownModelType { path: PathBuf, model_type: String },
     #[error(
         "{path}: rope type {rope_type:?} is not supported \

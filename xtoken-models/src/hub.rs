@@ -216,6 +216,20 @@ impl<B: Backend> Transformer<B> {
                 format!("{prefix}.post_attention_layernorm"),
                 &layer.post_attention_layernorm,
             );
+            for (name, norm) in [
+                (
+                    "pre_feedforward_layernorm",
+                    &layer.pre_feedforward_layernorm,
+                ),
+                (
+                    "post_feedforward_layernorm",
+                    &layer.post_feedforward_layernorm,
+                ),
+            ] {
+                if let Some(norm) = norm {
+                    push_norm(&mut out, format!("{prefix}.{name}"), norm);
+                }
+            }
         }
         push_norm(&mut out, "model.norm".into(), &self.norm);
         if let Some(head) = &self.lm_head {

@@ -1,4 +1,4 @@
-//! Llama-3, Qwen3 and Phi-3/Phi-4-mini as burn modules, loaded from Hugging Face `config.json`
+//! Llama, Mistral, Qwen2/2.5, Qwen3, Phi-3/Phi-4-mini, Gemma-2 and Gemma-3 as burn modules, loaded from Hugging Face `config.json`
 //! and safetensors checkpoints and saved back in that layout, behind one [`CausalLm`] trait.
 //!
 //! ```no_run
@@ -17,12 +17,16 @@ pub mod cache;
 pub mod checkpoint;
 pub mod config;
 mod error;
+pub mod gemma2;
+pub mod gemma3;
 pub mod generate;
 mod hub;
 pub mod llama;
 pub mod masking;
+pub mod mistral;
 pub mod model;
 pub mod phi3;
+pub mod qwen2;
 pub mod qwen3;
 mod recompute;
 pub mod rope;
@@ -36,7 +40,7 @@ use xtoken_kernels::XTokenBackend;
 
 pub use cache::KvCache;
 pub use checkpoint::SaveDtype;
-pub use config::{Architecture, Family, HfConfig};
+pub use config::{Activation, Architecture, Family, GemmaShape, HfConfig};
 pub use error::{ModelError, Result};
 pub use generate::Decoding;
 pub use hub::{LoadOptions, WRITER_FIELD};

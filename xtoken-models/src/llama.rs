@@ -38,6 +38,7 @@ impl Config {
             rms_norm_eps: self.rms_norm_eps,
             max_position_embeddings: self.max_position_embeddings,
             original_max_position_embeddings: None,
+            tied_by_default: false,
         };
         Ok(Architecture {
             attention_bias: self.attention_bias,

@@ -1,4 +1,4 @@
-//! The decoder-only transformer the three families share, as small burn modules whose field
+//! The decoder-only transformer the families share, as small burn modules whose field
 //! names mirror HF's tensor names (`model.layers.3.self_attn.q_proj.weight` ↔
 //! `layers[3].self_attn.q_proj.weight`). Family differences are switches on [`Architecture`].
 //!
@@ -18,10 +18,11 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::{attention, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData, TensorPrimitive};
+use xtoken_kernels::attention::AttentionSpec;
 use xtoken_kernels::host::transpose;
 use xtoken_kernels::{blocks, XTokenBackend};
 
-use crate::config::Architecture;
+use crate::config::{Activation, Architecture};
 use crate::error::{ModelError, Result};
 use crate::masking::{AttentionKernel, Masking};
 use crate::rope::RopeTables;
@@ -73,21 +74,43 @@ impl<B: Backend, S: TensorSource> Builder<'_, B, S> {
         Ok(Linear { weight, bias })
     }
 
-    fn norm(&mut self, name: &str, len: usize, epsilon: f64) -> Result<RmsNorm<B>> {
+    /// An RMSNorm of `arch`'s kind: unit gains, or Gemma's zero offsets from 1.
+    fn norm(&mut self, name: &str, len: usize, arch: &Architecture) -> Result<RmsNorm<B>> {
+        let init = match arch.gemma {
+            Some(_) => Init::Zeros,
+            None => Init::Ones,
+        };
         Ok(RmsNorm {
-            gamma: self.vector(&format!("{name}.weight"), len, Init::Ones)?,
-            epsilon,
+            gamma: self.vector(&format!("{name}.weight"), len, init)?,
+            epsilon: arch.rms_norm_eps,
         })
     }
 }
 
 /// `norm` on `x` (its last dimension) through the backend's fused RMSNorm where it has one,
-/// burn's `RmsNorm` ops where it has not.
+/// burn's `RmsNorm` ops where it has not. `offset`: Gemma's norm, whose weight `w` is stored as
+/// an offset from 1 (the gain is `1 + w`).
 pub(crate) fn rms<B: XTokenBackend, const D: usize>(
     norm: &RmsNorm<B>,
     x: Tensor<B, D>,
+    offset: bool,
 ) -> Tensor<B, D> {
-    blocks::rms_norm(x, norm.gamma.val(), norm.epsilon)
+    let gamma = match offset {
+        true => norm.gamma.val().add_scalar(1.0),
+        false => norm.gamma.val(),
+    };
+    blocks::rms_norm(x, gamma, norm.epsilon)
+}
+
+/// `c · tanh(x / c)` where `cap` (`c`) is set.
+pub(crate) fn soft_cap<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    cap: Option<f64>,
+) -> Tensor<B, D> {
+    match cap {
+        Some(c) => x.div_scalar(c).tanh().mul_scalar(c),
+        None => x,
+    }
 }
 
 /// `x · W + b` in `dtype`: the input, the weight and the bias are cast first (a no-op for a
@@ -112,12 +135,21 @@ pub struct Attention<B: Backend> {
     /// Phi-3: q, k and v in one projection, in that order.
     pub qkv_proj: Option<Linear<B>>,
     pub o_proj: Linear<B>,
-    /// Qwen3: RMSNorm over each head's channels, before RoPE.
+    /// Qwen3, Gemma-3: RMSNorm over each head's channels, before RoPE.
     pub q_norm: Option<RmsNorm<B>>,
     pub k_norm: Option<RmsNorm<B>>,
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// The scores' scale (`head_dim^(-1/2)`, Gemma's `query_pre_attn_scalar^(-1/2)`).
+    #[module(skip)]
+    pub scale: f32,
+    /// Gemma-2's soft-cap of the scores.
+    #[module(skip)]
+    pub softcap: Option<f32>,
+    /// Gemma's `1 + w` norms.
+    #[module(skip)]
+    pub norm_offset: bool,
 }
 
 impl<B: Backend> Attention<B> {
@@ -129,7 +161,7 @@ impl<B: Backend> Attention<B> {
         let hidden = arch.hidden_size;
         let q_width = arch.num_attention_heads * arch.head_dim;
         let kv_width = arch.num_key_value_heads * arch.head_dim;
-        let bias = arch.attention_bias;
+        let bias = arch.attention_bias || arch.qkv_bias;
         let (q_proj, k_proj, v_proj, qkv_proj) = if arch.fused_projections {
             let fused = b.linear(
                 &format!("{prefix}.qkv_proj"),
@@ -147,10 +179,9 @@ impl<B: Backend> Attention<B> {
             )
         };
         let (q_norm, k_norm) = if arch.qk_norm {
-            let eps = arch.rms_norm_eps;
             (
-                Some(b.norm(&format!("{prefix}.q_norm"), arch.head_dim, eps)?),
-                Some(b.norm(&format!("{prefix}.k_norm"), arch.head_dim, eps)?),
+                Some(b.norm(&format!("{prefix}.q_norm"), arch.head_dim, arch)?),
+                Some(b.norm(&format!("{prefix}.k_norm"), arch.head_dim, arch)?),
             )
         } else {
             (None, None)
@@ -160,12 +191,24 @@ impl<B: Backend> Attention<B> {
             k_proj,
             v_proj,
             qkv_proj,
-            o_proj: b.linear(&format!("{prefix}.o_proj"), q_width, hidden, bias)?,
+            o_proj: b.linear(
+                &format!("{prefix}.o_proj"),
+                q_width,
+                hidden,
+                arch.attention_bias,
+            )?,
             q_norm,
             k_norm,
             num_heads: arch.num_attention_heads,
             num_kv_heads: arch.num_key_value_heads,
             head_dim: arch.head_dim,
+            scale: arch.attention_scale() as f32,
+            softcap: arch
+                .gemma
+                .as_ref()
+                .and_then(|g| g.attn_logit_softcapping)
+                .map(|c| c as f32),
+            norm_offset: arch.gemma.is_some(),
         })
     }
 }
@@ -201,7 +244,7 @@ impl<B: XTokenBackend> Attention<B> {
         let [batch, len, _] = x.dims();
         let x = x.reshape([batch, len, heads, self.head_dim]);
         match norm {
-            Some(norm) => rms(norm, x),
+            Some(norm) => rms(norm, x, self.norm_offset),
             None => x,
         }
     }
@@ -268,20 +311,26 @@ impl<B: XTokenBackend> Attention<B> {
         let [batch, _, len, _] = q.dims();
         let out = match masking {
             Masking::Tiled(spec) => {
+                let spec = AttentionSpec {
+                    scale: self.scale,
+                    softcap: self.softcap,
+                    ..spec.clone()
+                };
                 let found = B::xt_attention(
                     q.into_primitive().tensor(),
                     k.into_primitive().tensor(),
                     v.into_primitive().tensor(),
-                    spec,
+                    &spec,
                 )?;
                 Tensor::from_primitive(TensorPrimitive::Float(found.output))
             }
             Masking::Burn { mask, causal } => {
                 let keys = k.dims()[2];
                 let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
+                let default_scale = (self.head_dim as f32).powf(-0.5);
                 let options = AttentionModuleOptions {
-                    scale: None,
-                    softcap: None,
+                    scale: (self.scale != default_scale).then_some(self.scale as f64),
+                    softcap: self.softcap.map(f64::from),
                     is_causal: *causal && mask.is_none(),
                 };
                 let mask = mask
@@ -317,6 +366,8 @@ pub struct Mlp<B: Backend> {
     pub gate_up_proj: Option<Linear<B>>,
     pub down_proj: Linear<B>,
     pub intermediate_size: usize,
+    #[module(skip)]
+    pub activation: Activation,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -342,6 +393,7 @@ impl<B: Backend> Mlp<B> {
             gate_up_proj,
             down_proj: b.linear(&format!("{prefix}.down_proj"), inner, hidden, bias)?,
             intermediate_size: inner,
+            activation: arch.activation,
         })
     }
 }
@@ -363,7 +415,11 @@ impl<B: XTokenBackend> Mlp<B> {
             }
             _ => unreachable!("Mlp is built with either gate_up_proj or gate/up_proj"),
         };
-        project(&self.down_proj, blocks::swiglu(gate, up), compute)
+        let gated = match self.activation {
+            Activation::Silu => blocks::swiglu(gate, up),
+            Activation::GeluTanh => burn::tensor::activation::gelu_approximate(gate) * up,
+        };
+        project(&self.down_proj, gated, compute)
     }
 }
 
@@ -372,7 +428,14 @@ pub struct DecoderLayer<B: Backend> {
     pub self_attn: Attention<B>,
     pub mlp: Mlp<B>,
     pub input_layernorm: RmsNorm<B>,
+    /// Before the MLP; Gemma: on the attention's output, before the residual sum.
     pub post_attention_layernorm: RmsNorm<B>,
+    /// Gemma: before the MLP, and on its output before the residual sum.
+    pub pre_feedforward_layernorm: Option<RmsNorm<B>>,
+    pub post_feedforward_layernorm: Option<RmsNorm<B>>,
+    /// Gemma's `1 + w` norms.
+    #[module(skip)]
+    pub norm_offset: bool,
 }
 
 impl<B: Backend> DecoderLayer<B> {
@@ -381,16 +444,25 @@ impl<B: Backend> DecoderLayer<B> {
         prefix: &str,
         arch: &Architecture,
     ) -> Result<Self> {
-        let (hidden, eps) = (arch.hidden_size, arch.rms_norm_eps);
+        let hidden = arch.hidden_size;
+        let mut norm = |name: &str| b.norm(&format!("{prefix}.{name}"), hidden, arch);
+        let input_layernorm = norm("input_layernorm")?;
+        let post_attention_layernorm = norm("post_attention_layernorm")?;
+        let (pre_feedforward_layernorm, post_feedforward_layernorm) = match arch.gemma {
+            Some(_) => (
+                Some(norm("pre_feedforward_layernorm")?),
+                Some(norm("post_feedforward_layernorm")?),
+            ),
+            None => (None, None),
+        };
         Ok(DecoderLayer {
             self_attn: Attention::build(b, &format!("{prefix}.self_attn"), arch)?,
             mlp: Mlp::build(b, &format!("{prefix}.mlp"), arch)?,
-            input_layernorm: b.norm(&format!("{prefix}.input_layernorm"), hidden, eps)?,
-            post_attention_layernorm: b.norm(
-                &format!("{prefix}.post_attention_layernorm"),
-                hidden,
-                eps,
-            )?,
+            input_layernorm,
+            post_attention_layernorm,
+            pre_feedforward_layernorm,
+            post_feedforward_layernorm,
+            norm_offset: arch.gemma.is_some(),
         })
     }
 }
@@ -404,13 +476,15 @@ impl<B: XTokenBackend> DecoderLayer<B> {
         masking: &Masking<B>,
         compute: DType,
     ) -> Result<Tensor<B, 3>> {
-        let attended = self.self_attn.forward(
-            rms(&self.input_layernorm, x.clone()),
-            tables,
-            masking,
-            compute,
-        )?;
+        let attended =
+            self.self_attn
+                .forward(self.input_norm(x.clone()), tables, masking, compute)?;
         Ok(self.after_attention(x, attended, compute))
+    }
+
+    /// The attention block's input norm on the residual stream `x`.
+    pub(crate) fn input_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        rms(&self.input_layernorm, x, self.norm_offset)
     }
 
     /// The rest of the layer once attention has run: its output `attended` added to the
@@ -422,15 +496,34 @@ impl<B: XTokenBackend> DecoderLayer<B> {
         compute: DType,
     ) -> Tensor<B, 3> {
         let stream = x.dtype();
-        let x = x + attended.cast(stream);
-        let mlp = self
-            .mlp
-            .forward(rms(&self.post_attention_layernorm, x.clone()), compute);
-        x + mlp.cast(stream)
+        let offset = self.norm_offset;
+        match (
+            &self.pre_feedforward_layernorm,
+            &self.post_feedforward_layernorm,
+        ) {
+            (Some(pre), Some(post)) => {
+                let attended = rms(
+                    &self.post_attention_layernorm,
+                    attended.cast(stream),
+                    offset,
+                );
+                let x = x + attended;
+                let mlp = self.mlp.forward(rms(pre, x.clone(), offset), compute);
+                x + rms(post, mlp.cast(stream), offset)
+            }
+            _ => {
+                let x = x + attended.cast(stream);
+                let mlp = self.mlp.forward(
+                    rms(&self.post_attention_layernorm, x.clone(), offset),
+                    compute,
+                );
+                x + mlp.cast(stream)
+            }
+        }
     }
 }
 
-/// A Llama, Qwen3 or Phi-3 causal language model.
+/// A causal language model of any family [`Architecture`] describes.
 #[derive(Module, Debug)]
 pub struct Transformer<B: Backend> {
     pub embed_tokens: Embedding<B>,
@@ -469,7 +562,7 @@ impl<B: Backend> Transformer<B> {
         let layers = (0..arch.num_hidden_layers)
             .map(|i| DecoderLayer::build(b, &format!("model.layers.{i}"), arch))
             .collect::<Result<Vec<_>>>()?;
-        let norm = b.norm("model.norm", hidden, arch.rms_norm_eps)?;
+        let norm = b.norm("model.norm", hidden, arch)?;
         let lm_head = if arch.tie_word_embeddings {
             None
         } else {
@@ -516,7 +609,7 @@ impl<B: Backend> Transformer<B> {
     /// transpose would be copied by a backend that wants contiguous operands, every call.
     pub fn logits_of_rows(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
         let compute = self.compute_dtype();
-        match &self.lm_head {
+        let logits = match &self.lm_head {
             Some(head) => project(head, hidden, compute),
             None => self
                 .embed_tokens
@@ -525,7 +618,36 @@ impl<B: Backend> Transformer<B> {
                 .cast(compute)
                 .matmul(hidden.cast(compute).transpose())
                 .transpose(),
+        };
+        soft_cap(logits, self.final_softcap())
+    }
+
+    /// Gemma-2's soft-cap of the output logits.
+    pub fn final_softcap(&self) -> Option<f64> {
+        self.architecture
+            .gemma
+            .as_ref()
+            .and_then(|g| g.final_logit_softcapping)
+    }
+
+    /// The embeddings of a lookup's output as the layers read them: Gemma scales them by
+    /// `√hidden`, rounded to their dtype as transformers rounds it.
+    pub(crate) fn scaled_embeddings<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        match self.embedding_scale() {
+            Some(scale) => x.mul_scalar(scale),
+            None => x,
         }
+    }
+
+    /// Gemma's `√hidden` embedding scale, in the embedding's dtype.
+    pub(crate) fn embedding_scale(&self) -> Option<f64> {
+        self.architecture.gemma.as_ref()?;
+        let scale = (self.architecture.hidden_size as f64).sqrt();
+        Some(match self.embed_tokens.weight.val().dtype() {
+            DType::BF16 => burn::tensor::bf16::from_f64(scale).to_f64(),
+            DType::F16 => burn::tensor::f16::from_f64(scale).to_f64(),
+            _ => scale as f32 as f64,
+        })
     }
 
     /// The output head: `[batch, len, hidden]` → logits `[batch, len, vocab]`, in the compute
@@ -535,7 +657,7 @@ impl<B: Backend> Transformer<B> {
     /// contiguous tensors (burn-flex), at every forward.
     pub fn logits_from_hidden(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         let compute = self.compute_dtype();
-        match &self.lm_head {
+        let logits = match &self.lm_head {
             Some(head) => project(head, hidden, compute),
             None => {
                 let [batch, len, size] = hidden.dims();
@@ -547,15 +669,24 @@ impl<B: Backend> Transformer<B> {
                     .matmul(embedding.transpose())
                     .reshape([batch, len, vocab])
             }
-        }
+        };
+        soft_cap(logits, self.final_softcap())
     }
 }
 
 impl<B: XTokenBackend> Transformer<B> {
     /// Whether this model's passes run the tiled attention (see [`AttentionKernel`]).
     pub fn tiled_attention(&self) -> bool {
-        self.attention
-            .tiled_on::<B>(&self.embed_tokens.weight.device())
+        let device = self.embed_tokens.weight.device();
+        // burn's fused attention on CUDA and wgpu takes neither a soft-cap nor its own scale:
+        // it would fall back to building the scores, so Gemma's layers take the tiled one.
+        let own_scores = self.architecture.gemma.as_ref().is_some_and(|g| {
+            g.attn_logit_softcapping.is_some()
+                || self.architecture.attention_scale()
+                    != (self.architecture.head_dim as f64).powf(-0.5)
+        });
+        self.attention.tiled_on::<B>(&device)
+            || (own_scores && self.attention == AttentionKernel::Auto && B::xt_attention_native())
     }
 
     /// The hidden states after the final norm, `[batch, len, hidden]`. `padding` marks padded
@@ -588,10 +719,17 @@ impl<B: XTokenBackend> Transformer<B> {
         let tiled = self.tiled_attention();
         let context = pass.context::<B>(&self.architecture, tiled, x.dtype(), &x.device());
         let compute = self.compute_dtype();
-        for layer in &self.layers {
-            x = layer.forward(x, &context.tables, &context.masking, compute)?;
+        x = self.scaled_embeddings(x);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let (tables, masking) = context.layer(i);
+            x = layer.forward(x, tables, masking, compute)?;
         }
-        Ok(rms(&self.norm, x))
+        Ok(self.final_norm(x))
+    }
+
+    /// The final norm on the last layer's output.
+    pub(crate) fn final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        rms(&self.norm, x, self.architecture.gemma.is_some())
     }
 
     /// Logits `[batch, len, vocab]` of tokens checked where they were made (no read of the
@@ -609,10 +747,33 @@ pub(crate) struct Pass {
     padded: Option<Vec<bool>>,
 }
 
-/// The RoPE tables and attention masking of a pass, on one backend.
+/// The RoPE tables and attention masking of a pass, on one backend: the global layers' and,
+/// where they differ, the sliding-window layers'.
 pub(crate) struct Context<B: Backend> {
     pub tables: RopeTables<B>,
     pub masking: Masking<B>,
+    /// Gemma-3's local RoPE.
+    pub local_tables: Option<RopeTables<B>>,
+    /// The sliding layers' masking where some layers slide and others do not.
+    pub sliding_masking: Option<Masking<B>>,
+    /// Per layer, whether it slides.
+    sliding: Vec<bool>,
+}
+
+impl<B: Backend> Context<B> {
+    /// The tables and the masking layer `i` reads.
+    pub fn layer(&self, i: usize) -> (&RopeTables<B>, &Masking<B>) {
+        let slides = self.sliding.get(i).copied().unwrap_or(false);
+        let tables = match (&self.local_tables, slides) {
+            (Some(local), true) => local,
+            _ => &self.tables,
+        };
+        let masking = match (&self.sliding_masking, slides) {
+            (Some(sliding), true) => sliding,
+            _ => &self.masking,
+        };
+        (tables, masking)
+    }
 }
 
 /// A tensor's values read to the host as `E`; `what` and `expected` name them in the error.
@@ -671,20 +832,40 @@ impl Pass {
         dtype: DType,
         device: &B::Device,
     ) -> Context<B> {
-        let tables = architecture.rope.tables::<B>(self.len, device);
-        Context {
-            tables: RopeTables {
+        let tables = |rope: &crate::rope::Rope| {
+            let tables = rope.tables::<B>(self.len, device);
+            RopeTables {
                 cos: tables.cos.cast(dtype),
                 sin: tables.sin.cast(dtype),
-            },
-            masking: Masking::causal(
+            }
+        };
+        let masking = |window| {
+            Masking::causal(
                 tiled,
                 (self.batch, self.len),
                 architecture.head_dim,
                 self.padded.as_deref(),
-                architecture.sliding_window,
+                window,
                 device,
-            ),
+            )
+        };
+        let local = architecture
+            .gemma
+            .as_ref()
+            .and_then(|g| g.local_rope.as_ref());
+        // Every layer slides (Phi-3, Mistral) or none does: one masking serves them all.
+        let (full, sliding) = match architecture.mixes_windows() {
+            true => (masking(None), Some(masking(architecture.sliding_window))),
+            false => (masking(architecture.layer_window(0)), None),
+        };
+        Context {
+            tables: tables(&architecture.rope),
+            masking: full,
+            local_tables: local.map(tables),
+            sliding_masking: sliding,
+            sliding: (0..architecture.num_hidden_layers)
+                .map(|i| architecture.layer_window(i).is_some())
+                .collect(),
         }
     }
 }

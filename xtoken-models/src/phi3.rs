@@ -54,6 +54,7 @@ impl Config {
             rms_norm_eps: self.rms_norm_eps,
             max_position_embeddings: self.max_position_embeddings,
             original_max_position_embeddings: self.original_max_position_embeddings,
+            tied_by_default: false,
         };
         Ok(Architecture {
             fused_projections: true,

@@ -82,31 +82,34 @@ where
 
         // Forward without a graph, keeping each layer's input.
         let mut inputs = Vec::with_capacity(self.layers.len() + 1);
-        let mut x = embedded;
-        for layer in &inner.layers {
+        let mut x = inner.scaled_embeddings(embedded);
+        for (i, layer) in inner.layers.iter().enumerate() {
             inputs.push(x.clone());
-            x = layer.forward(x, &inner_context.tables, &inner_context.masking, compute)?;
+            let (tables, masking) = inner_context.layer(i);
+            x = layer.forward(x, tables, masking, compute)?;
         }
 
         // Final norm and the loss, with a graph from the last layer's output on.
         let top = Tensor::<B, 3>::from_inner(x).require_grad();
-        let value = loss(self, crate::model::rms(&self.norm, top.clone()))?;
+        let value = loss(self, self.final_norm(top.clone()))?;
         let mut grads = value.backward();
         let mut upstream = top.grad(&grads);
         let mut model = GradientsParams::new();
         move_grads(self, &mut grads, &mut model);
 
         // Layers from the top, each rerun with autodiff on its saved input.
-        for (layer, input) in self.layers.iter().zip(inputs).rev() {
+        for (i, (layer, input)) in self.layers.iter().zip(inputs).enumerate().rev() {
             let Some(gradient) = upstream else { break };
             let input = Tensor::<B, 3>::from_inner(input).require_grad();
-            let output =
-                layer.forward(input.clone(), &context.tables, &context.masking, compute)?;
+            let (tables, masking) = context.layer(i);
+            let output = layer.forward(input.clone(), tables, masking, compute)?;
             let mut layer_grads = (output * Tensor::from_inner(gradient)).sum().backward();
             upstream = input.grad(&layer_grads);
             move_grads(layer, &mut layer_grads, &mut model);
         }
 
+        // The layers read the scaled lookup (Gemma): its gradient is the table's times the scale.
+        let upstream = upstream.map(|g| inner.scaled_embeddings(g));
         add_lookup_grad(self, tokens, upstream, &mut model);
         Ok(Backward {
             loss: value.inner(),

@@ -3,6 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+#[allow(dead_code)]
+pub mod gemma_like;
+
 /// Why a real-tokenizer test cannot run.
 pub const NEEDS: &str =
     "needs XTOKEN_TOKENIZERS_DIR (the real tokenizers, e.g. ../shared/tokenizers)";

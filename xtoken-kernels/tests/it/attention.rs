@@ -1,7 +1,8 @@
 //! `XTokenBackend::xt_attention` on the CPU: its output equals an f64 loop over the full score
 //! matrix, and its gradients (through `Autodiff<NdArray>`) equal those of burn's naive attention
 //! computed in f64 (the scores materialized, the mask a tensor, the KV heads repeated) for every
-//! mask kind: causal, padded keys, a sliding window, grouped KV heads, queries after a cache;
+//! mask kind: causal, padded keys, a sliding window, grouped KV heads, queries after a cache,
+//! scores soft-capped (Gemma-2's `c · tanh(s / c)`);
 //! they also match finite differences, and a row that sees no key gives zeros, not NaN.
 
 use std::sync::Arc;
@@ -106,7 +107,11 @@ fn reference(case: &Case) -> Vec<f64> {
                     .map(|&j| {
                         let kj = &k[(kv * case.keys + j) * d..][..d];
                         let dot: f64 = qi.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum();
-                        dot * case.spec.scale as f64
+                        let s = dot * case.spec.scale as f64;
+                        match case.spec.softcap {
+                            Some(c) => c as f64 * (s / c as f64).tanh(),
+                            None => s,
+                        }
                     })
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -149,7 +154,10 @@ fn naive<B: Backend>(
     }
     let shape = [case.batch, case.heads, case.queries, case.keys];
     let mask = Tensor::<B, 4, Bool>::from_data(TensorData::new(mask, shape), &Default::default());
-    let scores = q.matmul(repeat(k).swap_dims(2, 3)) * case.spec.scale;
+    let mut scores = q.matmul(repeat(k).swap_dims(2, 3)) * case.spec.scale;
+    if let Some(c) = case.spec.softcap {
+        scores = (scores / c).tanh() * c;
+    }
     softmax(scores.mask_fill(mask, -1e30), 3).matmul(repeat(v))
 }
 
@@ -191,7 +199,12 @@ fn cases() -> Vec<(&'static str, Case)> {
     let after_cache = Case::new(2, 1, 3, 10);
     let mut full = Case::new(2, 2, 5, 6);
     full.spec.causal = false;
+    // A cap of 1.5 bends the scores of these inputs (|s| up to ≈ 4) well away from linear.
+    let mut capped = Case::new(4, 2, 7, 7);
+    capped.spec.window = Some(4);
+    capped.spec.softcap = Some(1.5);
     vec![
+        ("soft-capped scores, a window, grouped KV heads", capped),
         ("causal", causal),
         ("padded keys", padded),
         ("sliding window", window),
@@ -248,6 +261,7 @@ fn gradients_equal_the_naive_attention() {
 fn gradients_match_finite_differences() {
     let mut case = Case::new(2, 1, 4, 4);
     case.spec.window = Some(3);
+    case.spec.softcap = Some(1.5);
     let (_, grads) = gradients(&case, fused);
     let base = inputs::<A>(&case).map(host);
     let loss = |which: usize, at: usize, delta: f32| {
@@ -312,4 +326,9 @@ fn shapes_that_do_not_fit_are_named() {
     let [q, k, v, _] = inputs(&case);
     let e = A::xt_attention(p(q), p(k), p(v), &case.spec).unwrap_err();
     assert!(e.to_string().contains("attention window"), "{e}");
+    let mut case = Case::new(2, 2, 4, 4);
+    case.spec.softcap = Some(0.0);
+    let [q, k, v, _] = inputs(&case);
+    let e = A::xt_attention(p(q), p(k), p(v), &case.spec).unwrap_err();
+    assert!(e.to_string().contains("soft-cap"), "{e}");
 }

@@ -87,6 +87,10 @@ fn the_tiled_attention_trains_as_burns_does() {
     compare("qwen3", true, None);
     compare("phi3", true, Some(5));
     compare("phi3", false, Some(3));
+    compare("gemma2", true, None);
+    compare("gemma3", true, None);
+    compare("qwen2", true, None);
+    compare("mistral", false, None);
 }
 
 /// Whether a fixture model on `B` runs the tiled attention by default.

@@ -200,7 +200,14 @@ fn assert_names(error: &ModelError, parts: &[&str]) {
 #[test]
 fn config_errors_name_the_field() {
     let (dir, e) = load_edited("unknown-type", |c| c["model_type"] = "gpt2".into());
-    assert_names(&e, &["config.json", "\"gpt2\"", "llama, qwen3, phi3"]);
+    assert_names(
+        &e,
+        &[
+            "config.json",
+            "\"gpt2\"",
+            "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text",
+        ],
+    );
     std::fs::remove_dir_all(dir).unwrap();
 
     let (dir, e) = load_edited("unknown-rope", |c| {

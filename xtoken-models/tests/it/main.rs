@@ -4,6 +4,7 @@
 
 mod attention;
 mod checkpoints;
+mod families;
 mod invariants;
 #[cfg(feature = "wgpu")]
 mod on_wgpu;

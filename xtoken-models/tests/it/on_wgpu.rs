@@ -29,6 +29,10 @@ fn f32_parity_on_wgpu() {
         "qwen3",
         "qwen3-sharded",
         "phi3",
+        "qwen2",
+        "mistral",
+        "gemma2",
+        "gemma3",
     ] {
         let worst = worst(case, DType::F32);
         assert!(worst <= 1e-4, "{case}: max |Δ| {worst:.2e}");
@@ -75,6 +79,9 @@ fn a_training_pass_on_wgpu_runs_the_attention_kernels_as_burns_trains() {
         ("qwen3", true, None),
         ("phi3", true, Some(5)),
         ("phi3", false, Some(3)),
+        ("gemma2", true, None),
+        ("gemma3", true, None),
+        ("qwen2", false, None),
     ] {
         let what = format!("{case} (padded: {padded}, window: {window:?})");
         let burn = training_step(&trained(case, AttentionKernel::Burn, window), padded, false);

@@ -16,7 +16,16 @@ type Ad = Autodiff<Flex>;
 
 #[test]
 fn bf16_compute_keeps_hf_parity_within_bf16_rounding() {
-    for case in ["llama3", "llama3-tied-bf16", "qwen3", "phi3"] {
+    for case in [
+        "llama3",
+        "llama3-tied-bf16",
+        "qwen3",
+        "phi3",
+        "qwen2",
+        "mistral",
+        "gemma2",
+        "gemma3",
+    ] {
         let model = Transformer::<Flex>::load(&fixture(case), &Default::default()).unwrap();
         assert_eq!(model.compute_dtype(), DType::F32);
         let exact = worst_difference(&model, case) as f64;

@@ -3,7 +3,9 @@
 //! without activation checkpointing per decoder layer. `--attention both` instead times the
 //! inference forward and the training step with the tiled attention and with burn's, and
 //! prints their ratios (one layer
-//! and a small vocabulary, `--layers 1 --vocab 256`, isolate a layer). On CPU (ndarray) the peak
+//! and a small vocabulary, `--layers 1 --vocab 256`, isolate a layer). `--families` times the
+//! inference forward and the training step of each model family at the preset's size, against
+//! Llama's in the same run. On CPU (ndarray) the peak
 //! is the heap the counting allocator saw above the weights; on CUDA and wgpu (`--features
 //! cuda` or `wgpu`, `--device cuda|wgpu`) it is the memory the device pools reserved, weights
 //! included.
@@ -20,7 +22,9 @@ use clap::{Args, ValueEnum};
 use xtoken_kernels::memory::DeviceMemory;
 use xtoken_kernels::XTokenBackend;
 use xtoken_models::rope::RopeScaling;
-use xtoken_models::{Architecture, AttentionKernel, CausalLm, ModelError, Tokens, Transformer};
+use xtoken_models::{
+    Architecture, AttentionKernel, CausalLm, Family, ModelError, Tokens, Transformer,
+};
 
 use super::alloc;
 use crate::cli::models::DtypeArg;
@@ -99,6 +103,15 @@ pub struct ForwardBenchArgs {
     /// Untimed steps before the timed ones.
     #[arg(long, default_value_t = 1)]
     warmup: usize,
+    /// Time these families at the preset's size (`llama` first, the anchor, whether named or
+    /// not), each with its own switches on: comma-separated `model_type`s (`llama`, `mistral`,
+    /// `qwen2`, `qwen3`, `phi3`, `gemma2`, `gemma3_text`).
+    #[arg(long, value_delimiter = ',')]
+    families: Vec<String>,
+    /// The sliding window of the families that have one, with `--families` (default: a quarter
+    /// of `--len`, so that it acts).
+    #[arg(long)]
+    window: Option<usize>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -178,6 +191,9 @@ fn run_on<B: DeviceMemory + XTokenBackend>(
     if architecture.num_hidden_layers == 0 || architecture.vocab_size < 2 {
         bail!("--layers must be positive and --vocab at least 2");
     }
+    if !args.families.is_empty() {
+        return family_rows::<B>(args, &architecture, device, place);
+    }
     let model = Transformer::<Autodiff<B>>::random(&architecture, 0, args.dtype.dtype(), device)?
         .with_attention(args.attention.kernel());
     let tokens = args.batch * args.len;
@@ -217,6 +233,72 @@ fn run_on<B: DeviceMemory + XTokenBackend>(
             tiled.peak as f64 / burn.peak.max(1) as f64,
             tiled_inference.seconds / burn_inference.seconds,
             tiled_inference.peak as f64 / burn_inference.peak.max(1) as f64,
+        );
+    }
+    Ok(())
+}
+
+/// `--families`: the inference forward and the training step of each family at the preset's
+/// size, Llama's first, and each one's time against Llama's.
+fn family_rows<B: DeviceMemory + XTokenBackend>(
+    args: &ForwardBenchArgs,
+    shape: &Architecture,
+    device: &B::Device,
+    place: &str,
+) -> Result<()> {
+    let mut families = vec![Family::Llama];
+    for name in &args.families {
+        let Some(family) = Family::ALL.iter().find(|f| f.model_type() == name) else {
+            bail!(
+                "--families: unknown family {name:?} (one of {})",
+                Family::ALL.map(Family::model_type).join(", ")
+            );
+        };
+        if !families.contains(family) {
+            families.push(*family);
+        }
+    }
+    let window = args.window.unwrap_or((args.len / 4).max(1));
+    let ids: Vec<i64> = (0..args.batch * args.len)
+        .map(|i| ((i as u64 * 2_654_435_761) % shape.vocab_size as u64) as i64)
+        .collect();
+    let ids = TensorData::new(ids, [args.batch, args.len]);
+    let bench = Bench {
+        args,
+        device,
+        ids: &ids,
+    };
+    let mut measured = Vec::new();
+    for family in families {
+        let architecture = shape.clone().with_family(family, window);
+        let model =
+            Transformer::<Autodiff<B>>::random(&architecture, 0, args.dtype.dtype(), device)?
+                .with_attention(args.attention.kernel());
+        let name = family.model_type();
+        let inference = bench.inference(&model, &format!("{name}: forward (inference)"))?;
+        let training = bench.training(&model, &format!("{name}: forward + backward"), false)?;
+        measured.push((family, architecture.num_parameters(), inference, training));
+    }
+    println!(
+        "{} shape, {place}, {}, {} × {} tokens, sliding window {window} where the family has one",
+        args.preset.name(),
+        args.dtype.name(),
+        args.batch,
+        args.len
+    );
+    println!("| family | parameters | inference s/step | × Llama | training s/step | × Llama | training peak |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let (anchor_inference, anchor_training) = (measured[0].2.seconds, measured[0].3.seconds);
+    for (family, parameters, inference, training) in &measured {
+        println!(
+            "| {} | {:.1}M | {:.3} | {:.2}× | {:.3} | {:.2}× | {:.0} MiB |",
+            family.model_type(),
+            *parameters as f64 / 1e6,
+            inference.seconds,
+            inference.seconds / anchor_inference,
+            training.seconds,
+            training.seconds / anchor_training,
+            training.peak as f64 / (1024.0 * 1024.0)
         );
     }
     Ok(())

@@ -21,9 +21,11 @@ pub struct MemoryEstimate {
     pub student: u64,
     /// Every teacher's weights.
     pub teachers: u64,
-    /// The larger of one micro-batch's two passes: the student's (the layer boundaries kept by
+    /// The largest of one micro-batch's passes: the student's (the layer boundaries kept by
     /// activation checkpointing, or every layer's activations without it, one layer's, and the
-    /// logits with their gradients) and a teacher's (its logits and their log-softmax).
+    /// logits with their gradients), a teacher's (its logits and their log-softmax), and, with
+    /// on-policy sequences, the student's generation (its key/value cache, whose sliding-window
+    /// layers keep a window only).
     pub activations: u64,
     /// The teachers' top-K targets: a whole step's of this worker with `scaling_scope = "step"`
     /// (kept over its micro-batches), else one micro-batch's.
@@ -150,10 +152,18 @@ pub fn estimate_shapes(
         .max()
         .unwrap_or(0);
     let student_pass = student_activations(config, student, params, kind)?;
+    let generation = match &config.on_policy {
+        Some(on) if on.fraction > 0.0 => student.kv_cache_bytes(
+            config.training.micro_batch,
+            on.prompt_tokens + on.max_new_tokens,
+            dtype_bytes(config.compute_dtype()?, kind) as usize,
+        ),
+        _ => 0,
+    };
     Ok(MemoryEstimate {
         student: student.num_parameters() as u64 * params * 4,
         teachers: teachers.iter().map(bytes).map(|(n, _, b)| n * b).sum(),
-        activations: student_pass.max(teacher_pass),
+        activations: student_pass.max(teacher_pass).max(generation),
         targets: targets(config, student, teachers.len(), accum, kind)?,
         inputs,
         documents: 0,

@@ -6,6 +6,7 @@ mod cli;
 mod configs;
 mod ddp;
 mod demo;
+mod families;
 mod fixture;
 mod floor_plan;
 mod hardening;

@@ -119,6 +119,27 @@ fn sees(mask: &Mask, padding: &Array<i32>, b: usize, i: usize, j: usize) -> bool
     seen
 }
 
+/// A scaled score soft-capped to `c · tanh(s / c)` where `softcap` (`c`) is positive.
+#[cube]
+fn capped(s: f32, softcap: f32) -> f32 {
+    let mut out = s;
+    if softcap > 0.0f32 {
+        out = softcap * (s / softcap).tanh();
+    }
+    out
+}
+
+/// The cap's derivative at a capped score: `1 − (score / c)²`, or 1 without a cap.
+#[cube]
+fn cap_slope(score: f32, softcap: f32) -> f32 {
+    let mut slope = 1.0f32;
+    if softcap > 0.0f32 {
+        let t = score / softcap;
+        slope = 1.0f32 - t * t;
+    }
+    slope
+}
+
 /// Rows `first..first + count` of a `[rows, head_dim]` block at `base` of `src`, times `scale`,
 /// into `dst` with rows of `stride` floats; rows at or past `avail` are zeros.
 #[cube]
@@ -237,6 +258,7 @@ pub fn attention_forward<F: Float>(
     heads: usize,
     group: usize,
     scale: f32,
+    softcap: f32,
     cubes: usize,
     blocks: usize,
     #[comptime] head_dim: usize,
@@ -293,12 +315,15 @@ pub fn attention_forward<F: Float>(
         let seen = sees(&mask, padding, b, i, kt + x);
         let mut s = f32::new(f32::MIN);
         if seen {
-            s = dot(
-                &qs,
-                y * head_dim,
-                &tile,
-                x * comptime!(head_dim + 1),
-                head_dim,
+            s = capped(
+                dot(
+                    &qs,
+                    y * head_dim,
+                    &tile,
+                    x * comptime!(head_dim + 1),
+                    head_dim,
+                ),
+                softcap,
             );
         }
         scores[tid] = s;
@@ -394,6 +419,7 @@ pub fn attention_grad_q<F: Float>(
     heads: usize,
     group: usize,
     scale: f32,
+    softcap: f32,
     cubes: usize,
     blocks: usize,
     #[comptime] head_dim: usize,
@@ -488,14 +514,17 @@ pub fn attention_grad_q<F: Float>(
         sync_cube();
         let mut ds = 0.0f32;
         if seen {
-            let s = dot(
-                &qs,
-                y * head_dim,
-                &tile,
-                x * comptime!(head_dim + 1),
-                head_dim,
+            let s = capped(
+                dot(
+                    &qs,
+                    y * head_dim,
+                    &tile,
+                    x * comptime!(head_dim + 1),
+                    head_dim,
+                ),
+                softcap,
             );
-            ds = (s - row_lse).exp() * (dp - row_delta);
+            ds = (s - row_lse).exp() * (dp - row_delta) * cap_slope(s, softcap);
         }
         dss[tid] = ds;
         sync_cube();
@@ -528,6 +557,7 @@ pub fn attention_grad_kv<F: Float>(
     heads: usize,
     group: usize,
     scale: f32,
+    softcap: f32,
     cubes: usize,
     blocks: usize,
     #[comptime] head_dim: usize,
@@ -590,15 +620,20 @@ pub fn attention_grad_kv<F: Float>(
             );
             sync_cube();
             let mut p = 0.0f32;
+            let mut slope = 1.0f32;
             if seen {
-                let s = dot(
-                    &ks,
-                    y * head_dim,
-                    &tile,
-                    x * comptime!(head_dim + 1),
-                    head_dim,
+                let s = capped(
+                    dot(
+                        &ks,
+                        y * head_dim,
+                        &tile,
+                        x * comptime!(head_dim + 1),
+                        head_dim,
+                    ),
+                    softcap,
                 );
                 p = (s - row_lse).exp();
+                slope = cap_slope(s, softcap);
             }
             sync_cube();
             load_rows::<F>(
@@ -622,7 +657,7 @@ pub fn attention_grad_kv<F: Float>(
                     x * comptime!(head_dim + 1),
                     head_dim,
                 );
-                ds = p * (dp - row_delta);
+                ds = p * (dp - row_delta) * slope;
             }
             ps[tid] = p;
             dss[tid] = ds;

@@ -90,6 +90,11 @@ impl<R: CubeRuntime> Call<R> {
         self.spec.window.unwrap_or(0)
     }
 
+    /// The soft-cap, 0 for none.
+    fn softcap(&self) -> f32 {
+        self.spec.softcap.unwrap_or(0.0)
+    }
+
     fn padded(&self) -> u32 {
         u32::from(self.spec.key_padding.is_some())
     }
@@ -155,6 +160,7 @@ pub(in crate::cube) fn forward<B: Cube<R>, R: CubeRuntime>(
             d.heads,
             d.group(),
             spec.scale,
+            call.softcap(),
             call.query_cubes(),
             d.queries.div_ceil(ROWS),
             d.head_dim,
@@ -224,6 +230,7 @@ pub(in crate::cube) fn backward<B: Cube<R>, R: CubeRuntime>(
             d.heads,
             d.group(),
             spec.scale,
+            call.softcap(),
             call.query_cubes(),
             d.queries.div_ceil(ROWS),
             d.head_dim,
@@ -256,6 +263,7 @@ pub(in crate::cube) fn backward<B: Cube<R>, R: CubeRuntime>(
             d.heads,
             d.group(),
             spec.scale,
+            call.softcap(),
             call.key_cubes(),
             d.keys.div_ceil(ROWS),
             d.head_dim,

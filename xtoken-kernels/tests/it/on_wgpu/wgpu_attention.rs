@@ -62,7 +62,11 @@ fn cases() -> Vec<(&'static str, Case)> {
     full.spec.causal = false;
     let mut window_after_cache = Case::new(2, 1, 9, 41, 24);
     window_after_cache.spec.window = Some(12);
+    let mut capped = Case::new(4, 2, 37, 37, 32);
+    capped.spec.window = Some(20);
+    capped.spec.softcap = Some(2.0);
     vec![
+        ("soft-capped scores (Gemma-2), a window", capped),
         ("causal", Case::new(2, 2, 45, 45, 40)),
         (
             "padded keys, left and right",
