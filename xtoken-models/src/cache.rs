@@ -15,7 +15,7 @@ use xtoken_kernels::XTokenBackend;
 
 use crate::error::{ModelError, Result};
 use crate::masking::Masking;
-use crate::model::{check_ids, DecoderLayer, Transformer};
+use crate::model::{check_ids, ByWindow, DecoderLayer, Transformer};
 
 /// The keys and values of one batch of rows, for every layer.
 #[derive(Clone, Debug)]
@@ -163,38 +163,28 @@ impl<B: XTokenBackend> Transformer<B> {
         let span = positions.iter().max().map_or(1, |&p| p + 1);
         let mut x = self.scaled_embeddings(self.embed_tokens.forward(ids));
         let dtype = x.dtype();
-        let tables = |rope: &crate::rope::Rope| {
+        let tables = ByWindow::tables(architecture, |rope| {
             let (cos, sin) = rope.tables_at::<B>(&positions, rows, span, &device);
             (cos.cast(dtype), sin.cast(dtype))
-        };
-        let global = tables(&architecture.rope);
-        let local = architecture
-            .gemma
-            .as_ref()
-            .and_then(|g| g.local_rope.as_ref())
-            .map(tables);
-        let window = architecture.sliding_window;
-        let full_mask = cache.mask(n, None, 0, &device);
-        let sliding_mask = cache.mask(n, window, cache.dropped, &device);
+        });
+        let masks = ByWindow::masking(architecture, |slides| match slides {
+            true => cache.mask(n, architecture.sliding_window, cache.dropped, &device),
+            false => cache.mask(n, None, 0, &device),
+        });
         cache.layers.resize(self.layers.len(), None);
         let compute = self.compute_dtype();
+        let kept = architecture.window_slots();
         for (i, (layer, kv)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
             let slides = architecture.layer_window(i).is_some();
-            let (cos, sin) = match (&local, slides) {
-                (Some(local), true) => local,
-                _ => &global,
-            };
-            let mask = if slides { &sliding_mask } else { &full_mask };
-            x = layer.forward_cached(x, (cos, sin), mask, kv, compute)?;
-            if let (true, Some(w)) = (slides, window) {
-                KvCache::trim(kv, w.saturating_sub(1).max(1));
+            let (cos, sin) = tables.get(slides);
+            x = layer.forward_cached(x, (cos, sin), masks.get(slides), kv, compute)?;
+            if let (true, Some(kept)) = (slides, kept) {
+                KvCache::trim(kv, kept);
             }
         }
         cache.slots = total;
-        if let Some(w) = window {
-            cache.dropped = total
-                .saturating_sub(w.saturating_sub(1).max(1))
-                .max(cache.dropped);
+        if let Some(kept) = kept {
+            cache.dropped = total.saturating_sub(kept).max(cache.dropped);
         }
         Ok(self.final_norm(x))
     }

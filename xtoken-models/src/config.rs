@@ -248,6 +248,20 @@ impl Architecture {
         }
     }
 
+    /// Whether the scores take a soft-cap or a scale other than `head_dim^(-1/2)` (Gemma's).
+    pub fn scores_of_their_own(&self) -> bool {
+        self.gemma.as_ref().is_some_and(|g| {
+            g.attn_logit_softcapping.is_some()
+                || self.attention_scale() != (self.head_dim as f64).powf(-0.5)
+        })
+    }
+
+    /// The slots a sliding layer's key/value cache keeps between decoding calls: the
+    /// `window − 1` keys before the next query that it sees (at least one).
+    pub fn window_slots(&self) -> Option<usize> {
+        self.sliding_window.map(|w| w.saturating_sub(1).max(1))
+    }
+
     /// The RoPE of layer `layer`: Gemma-3's local one in its sliding layers.
     pub fn layer_rope(&self, layer: usize) -> &Rope {
         match self.gemma.as_ref().and_then(|g| g.local_rope.as_ref()) {
@@ -528,9 +542,9 @@ impl Architecture {
         let per_slot = 2 * self.num_key_value_heads * self.head_dim * bytes;
         (0..self.num_hidden_layers)
             .map(|layer| {
-                let slots = match self.layer_window(layer) {
-                    Some(w) => len.min(w.saturating_sub(1).max(1)),
-                    None => len,
+                let slots = match (self.layer_window(layer), self.window_slots()) {
+                    (Some(_), Some(kept)) => len.min(kept),
+                    _ => len,
                 };
                 (rows * slots * per_slot) as u64
             })

@@ -680,13 +680,10 @@ impl<B: XTokenBackend> Transformer<B> {
         let device = self.embed_tokens.weight.device();
         // burn's fused attention on CUDA and wgpu takes neither a soft-cap nor its own scale:
         // it would fall back to building the scores, so Gemma's layers take the tiled one.
-        let own_scores = self.architecture.gemma.as_ref().is_some_and(|g| {
-            g.attn_logit_softcapping.is_some()
-                || self.architecture.attention_scale()
-                    != (self.architecture.head_dim as f64).powf(-0.5)
-        });
         self.attention.tiled_on::<B>(&device)
-            || (own_scores && self.attention == AttentionKernel::Auto && B::xt_attention_native())
+            || (self.architecture.scores_of_their_own()
+                && self.attention == AttentionKernel::Auto
+                && B::xt_attention_native())
     }
 
     /// The hidden states after the final norm, `[batch, len, hidden]`. `padding` marks padded
@@ -747,15 +744,54 @@ pub(crate) struct Pass {
     padded: Option<Vec<bool>>,
 }
 
-/// The RoPE tables and attention masking of a pass, on one backend: the global layers' and,
-/// where they differ, the sliding-window layers'.
+/// Something a pass builds for its layers: one for every layer, or, where the sliding-window
+/// layers need their own, one for them beside the full-attention layers'.
+pub(crate) struct ByWindow<T> {
+    pub full: T,
+    pub sliding: Option<T>,
+}
+
+impl<T> ByWindow<T> {
+    /// The masking of a pass over `architecture`'s layers, from `make(slides)`: both kinds where
+    /// some layers slide and others do not, else the one kind every layer has.
+    pub fn masking(architecture: &Architecture, make: impl Fn(bool) -> T) -> Self {
+        match architecture.mixes_windows() {
+            true => ByWindow {
+                full: make(false),
+                sliding: Some(make(true)),
+            },
+            false => ByWindow {
+                full: make(architecture.layer_window(0).is_some()),
+                sliding: None,
+            },
+        }
+    }
+
+    /// The RoPE tables of a pass, from `make(rope)`: Gemma-3's local ones for its sliding layers.
+    pub fn tables(architecture: &Architecture, make: impl Fn(&crate::rope::Rope) -> T) -> Self {
+        let local = architecture
+            .gemma
+            .as_ref()
+            .and_then(|g| g.local_rope.as_ref());
+        ByWindow {
+            full: make(&architecture.rope),
+            sliding: local.map(make),
+        }
+    }
+
+    /// What a layer reads: the sliding one's where it `slides` and there is one.
+    pub fn get(&self, slides: bool) -> &T {
+        match (&self.sliding, slides) {
+            (Some(sliding), true) => sliding,
+            _ => &self.full,
+        }
+    }
+}
+
+/// The RoPE tables and attention masking of a pass, on one backend.
 pub(crate) struct Context<B: Backend> {
-    pub tables: RopeTables<B>,
-    pub masking: Masking<B>,
-    /// Gemma-3's local RoPE.
-    pub local_tables: Option<RopeTables<B>>,
-    /// The sliding layers' masking where some layers slide and others do not.
-    pub sliding_masking: Option<Masking<B>>,
+    pub tables: ByWindow<RopeTables<B>>,
+    pub masking: ByWindow<Masking<B>>,
     /// Per layer, whether it slides.
     sliding: Vec<bool>,
 }
@@ -764,15 +800,7 @@ impl<B: Backend> Context<B> {
     /// The tables and the masking layer `i` reads.
     pub fn layer(&self, i: usize) -> (&RopeTables<B>, &Masking<B>) {
         let slides = self.sliding.get(i).copied().unwrap_or(false);
-        let tables = match (&self.local_tables, slides) {
-            (Some(local), true) => local,
-            _ => &self.tables,
-        };
-        let masking = match (&self.sliding_masking, slides) {
-            (Some(sliding), true) => sliding,
-            _ => &self.masking,
-        };
-        (tables, masking)
+        (self.tables.get(slides), self.masking.get(slides))
     }
 }
 
@@ -839,30 +867,19 @@ impl Pass {
                 sin: tables.sin.cast(dtype),
             }
         };
-        let masking = |window| {
+        let masking = |slides: bool| {
             Masking::causal(
                 tiled,
                 (self.batch, self.len),
                 architecture.head_dim,
                 self.padded.as_deref(),
-                window,
+                architecture.sliding_window.filter(|_| slides),
                 device,
             )
         };
-        let local = architecture
-            .gemma
-            .as_ref()
-            .and_then(|g| g.local_rope.as_ref());
-        // Every layer slides (Phi-3, Mistral) or none does: one masking serves them all.
-        let (full, sliding) = match architecture.mixes_windows() {
-            true => (masking(None), Some(masking(architecture.sliding_window))),
-            false => (masking(architecture.layer_window(0)), None),
-        };
         Context {
-            tables: tables(&architecture.rope),
-            masking: full,
-            local_tables: local.map(tables),
-            sliding_masking: sliding,
+            tables: ByWindow::tables(architecture, tables),
+            masking: ByWindow::masking(architecture, masking),
             sliding: (0..architecture.num_hidden_layers)
                 .map(|i| architecture.layer_window(i).is_some())
                 .collect(),
