@@ -367,7 +367,7 @@ where
         let found = host::teacher_entries_from(&src, spec)?;
         let vocab = src.shape()[2];
         Ok(host::entries_to_device::<Self>(
-            found,
+            &found,
             vocab,
             &Default::default(),
         ))
@@ -531,7 +531,7 @@ impl XTokenBackend for burn_flex::Flex {
         let found = host::teacher_entries_from(&src, spec)?;
         let vocab = src.shape()[2];
         Ok(host::entries_to_device::<Self>(
-            found,
+            &found,
             vocab,
             &Default::default(),
         ))

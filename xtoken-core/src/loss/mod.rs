@@ -332,7 +332,7 @@ impl<B: XTokenBackend> TeacherTargets<B> {
                 found: format!("{} ids, {} values", entries.ids.len(), entries.logp.len()),
             });
         }
-        let entries = entries_to_device::<B>(entries.clone(), vocab, device);
+        let entries = entries_to_device::<B>(entries, vocab, device);
         Ok(Self::laid_out(entries, plan, params.tau))
     }
 

@@ -3,9 +3,9 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 
-use super::merge::{finite, log_sum_exp, merge_shifts, softmax_into, Continuations};
+use super::merge::{finite, log_sum_exp, merge_shifts, Continuations};
 use super::rows::{float3, par_items, LogitRows, TensorRows};
 use crate::checks::{check_tau, checked_targets};
 use crate::error::KernelError;
@@ -16,7 +16,7 @@ use crate::TeacherEntries;
 #[derive(Debug, Clone)]
 pub struct HostEntries {
     /// Token ids, best first.
-    pub ids: Vec<i64>,
+    pub ids: Vec<u32>,
     /// Merged, tempered log-probabilities (−∞ on skipped slots).
     pub logp: Vec<f32>,
     /// Entries per slot.
@@ -33,19 +33,21 @@ pub fn teacher_entries<B: Backend>(
     let device = float3::<B>(logits.clone()).device();
     let src = TensorRows::<B>::new(logits);
     let host = teacher_entries_from(&src, spec)?;
-    Ok(entries_to_device::<B>(host, src.vocab(), &device))
+    Ok(entries_to_device::<B>(&host, src.vocab(), &device))
 }
 
-/// Uploads host entries as the [`TeacherEntries`] tensors.
+/// Uploads host entries as the [`TeacherEntries`] tensors: the ids go straight from `u32` into
+/// the backend's own integer type (one pass, no wider copy on the way).
 pub fn entries_to_device<B: Backend>(
-    host: HostEntries,
+    host: &HostEntries,
     vocab: usize,
     device: &B::Device,
 ) -> TeacherEntries<B> {
     let slots = host.ids.len() / host.k.max(1);
     let shape = [slots, host.k];
-    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(host.ids, shape), device);
-    let logp = Tensor::<B, 2>::from_data(TensorData::new(host.logp, shape), device);
+    let own: Vec<B::IntElem> = host.ids.iter().map(|&t| (t as i64).elem()).collect();
+    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(own, shape), device);
+    let logp = Tensor::<B, 2>::from_data(TensorData::new(host.logp.clone(), shape), device);
     TeacherEntries {
         ids: ids.into_primitive(),
         logp: logp.into_primitive().tensor(),
@@ -71,7 +73,7 @@ pub fn teacher_entries_from<S: LogitRows>(
     let cont = Continuations::new(&spec.merge);
     let sigma = merge_shifts(src, &spec.merge, &cont, tau_inv, row_chunk, "teacher")?;
 
-    let mut ids = vec![0i64; slots * k];
+    let mut ids = vec![0u32; slots * k];
     let mut logp = vec![f32::NEG_INFINITY; slots * k];
     let valid: Vec<(usize, u32)> = spec.merge.predicting().collect();
     let mut orders = Vec::new();
@@ -91,7 +93,7 @@ pub fn teacher_entries_from<S: LogitRows>(
             let z = block.row(i, row, vt);
             let shift = sigma[slot];
             for (j, &t) in best.iter().enumerate() {
-                ids[slot * k + j] = t as i64;
+                ids[slot * k + j] = t;
                 logp[slot * k + j] = ((z[t as usize] * tau_inv - lse) as f64 + shift) as f32;
             }
         }
@@ -110,16 +112,49 @@ pub fn teacher_entries_from<S: LogitRows>(
 
 /// A row's log-sum-exp and its `k` largest ids, best first (ties: the smaller id).
 fn top_k_of(z: &[f32], tau_inv: f32, k: usize, order: &mut Vec<u32>) -> (f32, Vec<u32>) {
-    let vt = z.len();
     let lse = log_sum_exp(z, tau_inv);
-    order.clear();
-    order.extend(0..vt as u32);
+    select_top(z, k, None, order);
+    (lse, order.clone())
+}
+
+/// The `k` largest ids of `z` into `order`, best first (ties: the smaller id), in one pass
+/// over the row: a candidate joins while it beats the `k`-th best found so far, and the
+/// candidates are cut back to `k` whenever they fill `4k`. With `y`, also the rank of `z[y]`
+/// (1 + how many entries are larger; 0 without `y`), counted in the same pass.
+fn select_top(z: &[f32], k: usize, y: Option<usize>, order: &mut Vec<u32>) -> u32 {
+    let k = k.min(z.len());
     let better = |a: &u32, b: &u32| z[*b as usize].total_cmp(&z[*a as usize]).then(a.cmp(b));
-    if k < vt {
+    // Keeps the best `k`; returns the `k`-th best value.
+    let cut = |order: &mut Vec<u32>| {
+        if order.len() <= k {
+            return None;
+        }
         order.select_nth_unstable_by(k - 1, better);
+        order.truncate(k);
+        Some(z[order[k - 1] as usize])
+    };
+    order.clear();
+    let cap = (4 * k).max(64);
+    let zy = y.and_then(|y| z.get(y)).copied();
+    let mut larger = 0u32;
+    // Until the first cut every entry joins; after it only those strictly above the k-th (an
+    // equal value later in the row loses its tie to the smaller id already kept).
+    let mut floor: Option<f32> = None;
+    for (i, &x) in z.iter().enumerate() {
+        if zy.is_some_and(|zy| x > zy) {
+            larger += 1;
+        }
+        if floor.is_some_and(|f| x.total_cmp(&f).is_le()) || k == 0 {
+            continue;
+        }
+        order.push(i as u32);
+        if order.len() == cap {
+            floor = cut(order);
+        }
     }
-    order[..k].sort_unstable_by(better);
-    (lse, order[..k].to_vec())
+    cut(order);
+    order.sort_unstable_by(better);
+    zy.map_or(0, |_| 1 + larger)
 }
 
 /// Batch means of `log p[y]`, `Σ p log p` and `max p` over rows with a next token.
@@ -139,8 +174,8 @@ fn confidence<S: LogitRows>(
         let stats = par_items(
             &mut items,
             &mut buffers,
-            || vec![0.0f32; v],
-            |p, &mut (i, row)| position_confidence(block.row(i, row, v), chunk[i].1 as i32, p),
+            || (),
+            |_, &mut (i, row)| position_confidence(block.row(i, row, v), chunk[i].1 as i32),
         );
         for (i, (lse, lpy, plogp, maxp)) in stats.into_iter().enumerate() {
             finite(lse, "teacher", chunk[i].0)?;
@@ -186,13 +221,16 @@ pub struct PositionTargets {
 }
 
 /// [`PositionTargets`] of every row of `src`; `next[r]` is row `r`'s observed next token
-/// (`-1`: none).
+/// (`-1`: none). Without `confidence`, the confidence terms are neither computed nor kept
+/// (their vectors stay empty): a row is then read once for its top-K and the observed token's
+/// rank, and once for its log-sum-exp.
 pub fn position_targets_from<S: LogitRows>(
     src: &S,
     next: &[i32],
     top_k: usize,
     tau: f32,
     row_chunk: usize,
+    confidence: bool,
 ) -> Result<PositionTargets, KernelError> {
     let (n, vt) = (src.rows(), src.vocab());
     check_tau(tau)?;
@@ -213,43 +251,41 @@ pub fn position_targets_from<S: LogitRows>(
         let parts = par_items(
             &mut items,
             &mut scratches,
-            || (Vec::<u32>::with_capacity(vt), vec![0.0f32; vt]),
-            |(order, p), &mut (i, row)| {
+            || Vec::<u32>::with_capacity(vt),
+            |order, &mut (i, row)| {
                 let z = block.row(i, row, vt);
-                let (lse, best) = top_k_of(z, tau_inv, k, order);
                 let y = next[row as usize];
+                let rank = select_top(z, k, usize::try_from(y).ok(), order);
+                let stats = confidence.then(|| position_confidence(z, y));
+                // At τ = 1 the confidence pass's log-sum-exp is the tempered one, bit for bit.
+                let lse = match stats {
+                    Some((lse, ..)) if tau_inv == 1.0 => lse,
+                    _ => log_sum_exp(z, tau_inv),
+                };
                 let observed = if y >= 0 {
                     z[y as usize] * tau_inv - lse
                 } else {
                     0.0
                 };
-                let (_, neg_ce, plogp, maxp) = position_confidence(z, y, p);
-                let rank = rank_of(z, y);
-                (lse, best, observed, neg_ce, plogp, maxp, rank)
+                (lse, order.clone(), observed, stats, rank)
             },
         );
-        for (i, (lse, best, observed, neg_ce, plogp, maxp, rank)) in parts.into_iter().enumerate() {
+        for (i, (lse, best, observed, stats, rank)) in parts.into_iter().enumerate() {
             finite(lse, "teacher", rows[i])?;
             let z = block.row(i, rows[i], vt);
             out.logp
                 .extend(best.iter().map(|&t| z[t as usize] * tau_inv - lse));
             out.ids.extend(best);
             out.observed.push(observed);
-            out.neg_ce.push(neg_ce);
-            out.neg_entropy.push(plogp);
-            out.max_prob.push(maxp);
+            if let Some((_, neg_ce, plogp, maxp)) = stats {
+                out.neg_ce.push(neg_ce);
+                out.neg_entropy.push(plogp);
+                out.max_prob.push(maxp);
+            }
             out.observed_rank.push(rank);
         }
     }
     Ok(out)
-}
-
-/// The rank of `z[y]` among `z`: 1 + how many entries are larger (0 without `y`).
-fn rank_of(z: &[f32], y: i32) -> u32 {
-    let Some(&zy) = usize::try_from(y).ok().and_then(|y| z.get(y)) else {
-        return 0;
-    };
-    1 + z.iter().filter(|&&x| x > zy).count() as u32
 }
 
 /// [`PositionTargets`] of `[1, T, V]` logits on any backend.
@@ -259,22 +295,32 @@ pub fn position_targets<B: Backend>(
     top_k: usize,
     tau: f32,
     row_chunk: usize,
+    confidence: bool,
 ) -> Result<PositionTargets, KernelError> {
-    position_targets_from(&TensorRows::<B>::new(logits), next, top_k, tau, row_chunk)
+    let rows = TensorRows::<B>::new(logits);
+    position_targets_from(&rows, next, top_k, tau, row_chunk, confidence)
 }
 
 /// One row's log-sum-exp, `log p[y]` (0 without `y`), `Σ p log p` and `max p` at τ = 1, as
-/// [`confidence`] sums them.
-fn position_confidence(z: &[f32], y: i32, p: &mut [f32]) -> (f32, f32, f64, f32) {
-    let lse = softmax_into(z, 1.0, p);
-    let mut max = 0.0f32;
-    let mut plogp = 0.0f64;
-    for (&x, &pj) in z.iter().zip(p.iter()) {
-        max = max.max(pj);
-        if pj > 0.0 {
-            plogp += pj as f64 * (x - lse) as f64;
+/// [`confidence`] sums them, in one pass after the row's max: with `e = exp(z − max)` and
+/// `S = Σ e` (summed as [`log_sum_exp`] sums, so the log-sum-exp is its very bits),
+/// `Σ p log p = Σ e·(z − max) / S − ln S` and `max p = 1/S`.
+fn position_confidence(z: &[f32], y: i32) -> (f32, f32, f64, f32) {
+    let max = z.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let (mut sum, mut tilt) = (0.0f64, 0.0f64);
+    for block in z.chunks(512) {
+        let (mut s, mut t) = (0.0f32, 0.0f32);
+        for &x in block {
+            let d = x - max;
+            let e = d.exp();
+            s += e;
+            t += if e > 0.0 { e * d } else { 0.0 };
         }
+        sum += s as f64;
+        tilt += t as f64;
     }
+    let lse = max + sum.ln() as f32;
+    let plogp = tilt / sum - sum.ln();
     let neg_ce = if y >= 0 { z[y as usize] - lse } else { 0.0 };
-    (lse, neg_ce, plogp, max)
+    (lse, neg_ce, plogp, (1.0 / sum) as f32)
 }

@@ -14,6 +14,7 @@ pub mod kernels;
 pub mod loss;
 pub mod on_policy;
 pub mod projection;
+pub mod store;
 pub mod train;
 
 use anyhow::Result;
@@ -46,6 +47,11 @@ pub enum BenchCommand {
     /// `xtoken train`'s whole step (loader, teacher top-K, student forward + backward, losses,
     /// AdamW) on random models with real tokenizer vocabularies: s/step, tokens/s, peak memory.
     Train(train::TrainBenchArgs),
+    /// Stored teacher targets per layout and top-K: bytes a teacher token takes and the error
+    /// of what training reads (log-probabilities, top-K KL, P-KL's loss and gradient) against
+    /// f32, beside DistillKit's schemes, on Zipf-shaped logits at a real vocabulary's width and
+    /// on a trained model's (`--model`, `--text`).
+    Store(store::StoreBenchArgs),
     /// On-policy against off-policy distillation in `xtoken demo`'s world (after the demo):
     /// the teacher's grade of the student's own answers as each λ trains.
     OnPolicy(on_policy::OnPolicyBenchArgs),
@@ -68,6 +74,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Forward(args) => forward::run(args),
         BenchCommand::Kernels(args) => kernels::run(args),
         BenchCommand::Train(args) => train::run(args),
+        BenchCommand::Store(args) => store::run(args),
         BenchCommand::OnPolicy(args) => on_policy::run(args),
         #[cfg(feature = "collective")]
         BenchCommand::Exchange(args) => exchange::run(args),

@@ -568,6 +568,7 @@ fn stored_runs(args: &TrainBenchArgs, work: &Path, rows: &[(Variant, Timed)]) ->
     );
     println!("| dtype | bytes/token (stored) | bytes/token (layout) | teach tokens/s | teacher forward share of `teach` | loader student tokens/s (online: {:.0}) | × one H100's need ({NEED:.0}) | s/step stored | s/step online | stored / online |", loader_rate(&RunConfig::parse(&config_text(args, work, &work.join("run-loader"), variant))?, None)?);
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut ceilings = Vec::new();
     for dtype in &args.stored {
         let store = work.join(format!("store-{dtype}"));
         remove_store(&store)?;
@@ -597,16 +598,36 @@ fn stored_runs(args: &TrainBenchArgs, work: &Path, rows: &[(Variant, Timed)]) ->
             },
         )?;
         let (stored_s, online_s) = (mean_of(&timed.seconds), mean_of(&online.seconds));
-        let loader = loader_rate(&RunConfig::parse(&stored_text)?, Some(opened))?;
+        let (loader, entry_bytes) = stored_loader_rate(&RunConfig::parse(&stored_text)?, opened)?;
+        ceilings.push((dtype.clone(), loader, entry_bytes));
         let value_dtype = xtoken_train::config::ValueDtype::parse("--stored", dtype)?;
         println!(
             "| {dtype} | {:.0} | {} | {:.0} | {:.0} % | {loader:.0} | {:.1} | {stored_s:.3} | {online_s:.3} | {:.2}× |",
             bytes as f64 / taught.tokens.max(1) as f64,
-            xtoken_train::targets::Manifest::bytes_per_token(top_k, value_dtype),
+            xtoken_train::targets::Manifest::bytes_per_token(top_k, value_dtype)
+                .map_or("varies".into(), |b| b.to_string()),
             taught.tokens as f64 / taught.seconds.max(1e-9),
             100.0 * taught.forward_seconds / taught.seconds.max(1e-9),
             loader / NEED,
             stored_s / online_s.max(1e-12)
+        );
+    }
+    // The merge writes each entry once and the upload reads it once: a loader that moves
+    // nothing else still moves twice its entries' bytes per student token.
+    let copy = copy_bandwidth();
+    println!(
+        "\nThis machine copies {:.1} GB/s (read + written). The loader's ceiling at that rate, \
+         moving only its merged entries (written once, read once):\n",
+        copy / 1e9
+    );
+    println!("| dtype | entries' bytes / student token | ceiling, student tokens/s | × one H100's need | measured / ceiling |");
+    println!("|---|---:|---:|---:|---:|");
+    for (dtype, loader, bytes) in ceilings {
+        let ceiling = copy / (2.0 * bytes).max(1.0);
+        println!(
+            "| {dtype} | {bytes:.0} | {ceiling:.0} | {:.1} | {:.2} |",
+            ceiling / NEED,
+            loader / ceiling
         );
     }
     Ok(())
@@ -722,7 +743,7 @@ fn served_loader_rate(config: &RunConfig) -> Result<(f64, f64)> {
     let (served, _) = xtoken_train::train::teachers::connect_served(config, &inputs, 0)?;
     let served = std::sync::Arc::new(served);
     let host = xtoken_train::targets::HostTargets::Served(served.clone());
-    let rate = loader_rate_of(config, &inputs, Some((host, vocab)))?;
+    let (rate, _) = loader_rate_of(config, &inputs, Some((host, vocab)))?;
     let (tokens, bytes, _, _) = served.stats.read();
     Ok((rate, bytes as f64 / tokens.max(1) as f64))
 }
@@ -740,7 +761,33 @@ fn loader_rate(
     let inputs = xtoken_train::train::inputs::RunInputs::load(config, false)?;
     let vocab = inputs.teacher_configs[0].architecture.vocab_size;
     let stored = store.map(|s| xtoken_train::targets::HostTargets::Stored(std::sync::Arc::new(s)));
-    loader_rate_of(config, &inputs, stored.map(|s| (s, vocab)))
+    Ok(loader_rate_of(config, &inputs, stored.map(|s| (s, vocab)))?.0)
+}
+
+/// The loader's rate with a store, and the bytes of merged entries (a `u32` id and an `f32`
+/// value each) it hands over per student token.
+fn stored_loader_rate(
+    config: &RunConfig,
+    store: xtoken_train::targets::store::Store,
+) -> Result<(f64, f64)> {
+    let inputs = xtoken_train::train::inputs::RunInputs::load(config, false)?;
+    let vocab = inputs.teacher_configs[0].architecture.vocab_size;
+    let stored = xtoken_train::targets::HostTargets::Stored(std::sync::Arc::new(store));
+    loader_rate_of(config, &inputs, Some((stored, vocab)))
+}
+
+/// Bytes/s this machine copies (read and written) between buffers larger than its caches: the
+/// ceiling of a loader that moves entries.
+fn copy_bandwidth() -> f64 {
+    let from = vec![1u8; 256 << 20];
+    let mut to = vec![0u8; 256 << 20];
+    to.copy_from_slice(&from);
+    let started = Instant::now();
+    for _ in 0..4 {
+        to.copy_from_slice(&from);
+        std::hint::black_box(&mut to);
+    }
+    2.0 * 4.0 * from.len() as f64 / started.elapsed().as_secs_f64()
 }
 
 /// The student tokens/s a run's loader delivers on its own for 5 s (the first step left out),
@@ -749,15 +796,21 @@ fn loader_rate_of(
     config: &RunConfig,
     inputs: &xtoken_train::train::inputs::RunInputs,
     host: Option<(xtoken_train::targets::HostTargets, usize)>,
-) -> Result<f64> {
+) -> Result<(f64, f64)> {
     let mut loader = xtoken_train::train::run::open_loader(config, inputs, vec![host])?;
     loader.next_step()?;
-    let (started, mut tokens) = (Instant::now(), 0usize);
+    let (started, mut tokens, mut bytes) = (Instant::now(), 0usize, 0usize);
     while started.elapsed().as_secs_f64() < 5.0 {
         let step = loader.next_step()?;
         tokens += step.micro.iter().map(|m| m.tokens).sum::<usize>();
+        let stored = step.micro.iter().flat_map(|m| &m.teachers);
+        bytes += stored
+            .filter_map(|t| t.stored.as_ref())
+            .map(|e| 4 * e.ids.len() + 4 * e.logp.len())
+            .sum::<usize>();
     }
-    Ok(tokens as f64 / started.elapsed().as_secs_f64())
+    let rate = tokens as f64 / started.elapsed().as_secs_f64();
+    Ok((rate, bytes as f64 / tokens.max(1) as f64))
 }
 
 /// The student's writing against the step, per timed run (`--on-policy`).

@@ -156,6 +156,12 @@ pub enum ValueDtype {
     /// 1 byte per entry and 8 per position: `q = round((m − x) / s)` with `m` the position's
     /// largest kept value and `s = (m − min) / 255` (absolute error ≤ s / 2).
     Q8,
+    /// The compact layout: ids sorted and Rice-coded, values as their depth below the
+    /// position's largest (kept exactly): 17 bits in the head (within 4 nats of it and above
+    /// probability 1/256; error ≤ 0.0005), 5 bits on a square-law scale below, the kept mass
+    /// exact; the confidence terms only with `teach.confidence`. About `log₂(V/K) + 7` bits an
+    /// entry.
+    Compact,
 }
 
 impl ValueDtype {
@@ -165,9 +171,10 @@ impl ValueDtype {
             "f32" => Ok(Self::F32),
             "bf16" => Ok(Self::Bf16),
             "q8" | "8bit" | "int8" => Ok(Self::Q8),
+            "compact" => Ok(Self::Compact),
             _ => Err(Error::Config(format!(
-                "{key} = {value:?}: expected \"f32\", \"bf16\" or \"q8\" (8-bit relative to each \
-                 position's largest value)"
+                "{key} = {value:?}: expected \"f32\", \"bf16\", \"q8\" (8-bit relative to each \
+                 position's largest value) or \"compact\" (sorted Rice-coded ids, a 17-bit head and 5-bit tail of values)"
             ))),
         }
     }
@@ -177,6 +184,7 @@ impl ValueDtype {
             Self::F32 => "f32",
             Self::Bf16 => "bf16",
             Self::Q8 => "q8",
+            Self::Compact => "compact",
         }
     }
 }

@@ -125,9 +125,15 @@ impl Default for ParallelConfig {
 pub struct TeachConfig {
     /// Entries kept per position (a run may keep fewer, never more).
     pub top_k: usize,
-    /// How the values are stored: `f32` (exact), `bf16`, or `q8` (8 bits relative to each
-    /// position's largest value).
+    /// How the values are stored: `f32` (exact), `bf16`, `q8` (8 bits relative to each
+    /// position's largest value), or `compact` (ids sorted and Rice-coded, a 17-bit head and
+    /// 5-bit tail of values).
     pub dtype: String,
+    /// Whether the compact layout also keeps the confidence terms that adaptive weighting
+    /// (`loss.weighting` = `neg_ce`, `neg_entropy` or `max_prob`) reads (16 bytes a token; the
+    /// other layouts always keep them). Without them, `teach` skips computing them and a run with adaptive weighting is
+    /// refused.
+    pub confidence: bool,
     /// Teacher tokens read at once; a longer document is read in windows of this many, each
     /// on its own.
     pub window: usize,
@@ -141,6 +147,7 @@ impl Default for TeachConfig {
         TeachConfig {
             top_k: 8192,
             dtype: "f32".into(),
+            confidence: false,
             window: 4096,
             shard_documents: 1024,
         }

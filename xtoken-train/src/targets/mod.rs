@@ -27,6 +27,7 @@
 //! them whatever its order, seed or packing.
 
 pub mod answer;
+pub mod compact;
 pub mod merge;
 pub mod served;
 pub mod shard;
@@ -52,9 +53,12 @@ pub enum HostTargets {
     Served(std::sync::Arc<served::ServedTeacher>),
 }
 
-/// The store format this build writes and reads (2: the manifest's checksum, the shards'
-/// temperature).
-pub const FORMAT: u32 = 2;
+/// The store format this build writes (2: the manifest's checksum, the shards' temperature;
+/// 3: the compact layout, the manifest's `confidence` and `error_bound`). It reads 2 and 3.
+pub const FORMAT: u32 = 3;
+
+/// The oldest store format this build reads.
+const OLDEST_FORMAT: u32 = 2;
 
 /// The manifest's field holding the xxh3-64 of the rest of it.
 const CHECKSUM: &str = "checksum";
@@ -65,12 +69,30 @@ pub const MANIFEST: &str = "manifest.json";
 pub use crate::config::ValueDtype;
 
 impl ValueDtype {
-    /// Bytes of one position's `k` values.
+    /// Bytes of one position's `k` values in a fixed layout (the compact layout's vary: 0).
     pub fn value_bytes(self, k: usize) -> usize {
         match self {
             Self::F32 => 4 * k,
             Self::Bf16 => 2 * k,
             Self::Q8 => k + 8,
+            Self::Compact => 0,
+        }
+    }
+
+    /// What the manifest states of the error of a decoded value `v` against the f32 one.
+    pub fn bound_text(self) -> &'static str {
+        match self {
+            Self::F32 => "exact",
+            Self::Bf16 => "|Δ| ≤ 2⁻⁸·|v| (bf16 rounding to nearest)",
+            Self::Q8 => {
+                "|Δ| ≤ (m − min)/510 (m, min: the position's largest and smallest kept \
+                         values; m exact)"
+            }
+            Self::Compact => {
+                "|Δ| ≤ 0.0005 in the head (within h = min(4, m + 5.55) nats of m), \
+                              ≤ 0.066·(R − h) below (m: the position's largest kept value, \
+                              exact; R = m − min; the kept mass and the ids exact)"
+            }
         }
     }
 
@@ -89,6 +111,8 @@ impl ValueDtype {
                 out.extend_from_slice(&step.to_le_bytes());
                 out.extend(values.iter().map(|&v| q8_code(max, step, v)));
             }
+            // Its blocks carry ids too: `compact::encode`.
+            Self::Compact => {}
         }
     }
 
@@ -106,12 +130,13 @@ impl ValueDtype {
                 let (max, step) = (f32_at(bytes, 0), f32_at(bytes, 4));
                 out.extend(bytes[8..].iter().take(k).map(|&q| max - q as f32 * step));
             }
+            Self::Compact => {}
         }
     }
 
-    /// The largest error a decoded value may have, for a position whose kept values span
+    /// The largest error a decoded value `v` may have, for a position whose kept values span
     /// `[min, max]` (the rounding this encoding does; f32 is exact).
-    pub fn error_bound(self, min: f32, max: f32) -> f32 {
+    pub fn error_bound(self, min: f32, max: f32, v: f32) -> f32 {
         match self {
             Self::F32 => 0.0,
             Self::Bf16 => min.abs().max(max.abs()) * 2f32.powi(-8),
@@ -119,6 +144,7 @@ impl ValueDtype {
                 let step = (max - min) / 255.0;
                 step * 0.5 + (max.abs() + 255.0 * step) * f32::EPSILON * 4.0
             }
+            Self::Compact => compact::error_bound(max, max - min, max - v),
         }
     }
 }
@@ -166,6 +192,12 @@ pub struct Manifest {
     pub top_k: usize,
     /// How the values are encoded.
     pub dtype: ValueDtype,
+    /// The error of a decoded value against the f32 one, as the dtype bounds it.
+    #[serde(default)]
+    pub error_bound: String,
+    /// Whether the confidence terms of adaptive weighting are stored (format 2: always).
+    #[serde(default = "stored_by_default")]
+    pub confidence: bool,
     /// τ the values are tempered with.
     pub temperature: f64,
     /// Teacher tokens per window.
@@ -178,11 +210,17 @@ pub struct Manifest {
     pub data: Vec<ShardPrint>,
 }
 
+fn stored_by_default() -> bool {
+    true
+}
+
 impl Manifest {
-    /// Bytes a stored position takes: its token, the five per-position values and its `top_k`
-    /// entries (ids and values).
-    pub fn bytes_per_token(top_k: usize, dtype: ValueDtype) -> usize {
-        shard::POSITION_BYTES + 4 * top_k + dtype.value_bytes(top_k)
+    /// Bytes a stored position takes in a fixed layout: its token, the five per-position values
+    /// and its `top_k` entries (ids and values); `None` for the compact layout, whose blocks
+    /// vary with the ids (`xtoken bench store` measures them).
+    pub fn bytes_per_token(top_k: usize, dtype: ValueDtype) -> Option<usize> {
+        (dtype != ValueDtype::Compact)
+            .then(|| shard::POSITION_BYTES + 4 * top_k + dtype.value_bytes(top_k))
     }
 
     /// Reads `dir/manifest.json` and checks its checksum: a manifest edited or damaged since
@@ -198,10 +236,10 @@ impl Manifest {
         let not_one = || format!("{}: not a manifest of stored targets", path.display());
         let mut value: serde_json::Value = serde_json::from_str(&text).with_context(not_one)?;
         let format = value.get("format").and_then(serde_json::Value::as_u64);
-        if format != Some(FORMAT as u64) {
+        if !format.is_some_and(|f| (OLDEST_FORMAT as u64..=FORMAT as u64).contains(&f)) {
             return Err(Error::Targets(format!(
-                "{}: format {} of stored targets, this build reads format {FORMAT}; write them \
-                 again with `xtoken teach`",
+                "{}: format {} of stored targets, this build reads formats {OLDEST_FORMAT} to \
+                 {FORMAT}; write them again with `xtoken teach`",
                 path.display(),
                 format.map_or("unknown".into(), |f| f.to_string())
             )));
@@ -285,8 +323,8 @@ mod tests {
                 let mut back = Vec::new();
                 dtype.decode(&bytes, k, &mut back);
                 let (min, max) = (t.logp[k - 1], t.logp[0]);
-                let bound = dtype.error_bound(min, max);
                 for (a, b) in t.logp.iter().zip(&back) {
+                    let bound = dtype.error_bound(min, max, *a);
                     prop_assert!((a - b).abs() <= bound, "{:?}: {} vs {} (bound {})", dtype, a, b, bound);
                 }
             }
@@ -299,43 +337,76 @@ mod tests {
     fn shards_round_trip_and_name_damage() {
         let dir = std::env::temp_dir().join(format!("xtoken-shard-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("00000-00000.xtt");
-        let mut writer = ShardWriter::new(5, ValueDtype::F32, 1.0);
-        let docs: Vec<Vec<u32>> = vec![vec![3, 1, 4], vec![], vec![1, 5, 9, 2, 6]];
-        for (i, ids) in docs.iter().enumerate() {
-            writer.push(ids, &targets(ids.len(), 5, i as u32)).unwrap();
-        }
-        writer.finish(&path, 0, 0, true).unwrap();
-        let reader = ShardReader::open(&path).unwrap();
-        assert!(reader.last);
-        assert_eq!(reader.index.len(), 3);
-        for (d, ids) in docs.iter().enumerate() {
-            let doc = reader.doc(d);
-            assert_eq!(reader.index[d].0, shard::doc_key(ids));
-            assert_eq!(doc.ids(), *ids);
-            let t = targets(ids.len(), 5, d as u32);
-            for q in 0..ids.len() {
-                let (mut top, mut values) = (Vec::new(), Vec::new());
-                doc.entries(q, 3, &mut top, &mut values);
-                assert_eq!(top, t.ids[q * 5..q * 5 + 3]);
-                assert_eq!(values, t.logp[q * 5..q * 5 + 3]);
-                assert_eq!(doc.observed(q), t.observed[q]);
-                assert_eq!(doc.neg_ce(q), t.neg_ce[q]);
-                assert_eq!(doc.neg_entropy(q), t.neg_entropy[q]);
-                assert_eq!(doc.max_prob(q), t.max_prob[q]);
+        let layouts = [
+            (ValueDtype::F32, true),
+            (ValueDtype::Compact, true),
+            (ValueDtype::Compact, false),
+        ];
+        for (dtype, confidence) in layouts {
+            let path = dir.join("00000-00000.xtt");
+            let mut writer = ShardWriter::new(5, dtype, 1.0, confidence);
+            let docs: Vec<Vec<u32>> = vec![vec![3, 1, 4], vec![], vec![1, 5, 9, 2, 6]];
+            for (i, ids) in docs.iter().enumerate() {
+                writer.push(ids, &targets(ids.len(), 5, i as u32)).unwrap();
             }
-        }
-        drop(reader);
-        let bytes = std::fs::read(&path).unwrap();
-        for at in [20, bytes.len() / 2, bytes.len() - 30] {
-            let mut bad = bytes.clone();
-            bad[at] ^= 0x10;
-            std::fs::write(&path, &bad).unwrap();
-            let err = ShardReader::open(&path)
-                .err()
-                .expect("damage found")
-                .to_string();
-            assert!(err.contains("damaged shard"), "{err}");
+            writer.finish(&path, 0, 0, true).unwrap();
+            let reader = ShardReader::open(&path).unwrap();
+            assert!(reader.last);
+            assert_eq!((reader.dtype, reader.confidence), (dtype, confidence));
+            assert_eq!(reader.index.len(), 3);
+            for (d, ids) in docs.iter().enumerate() {
+                let doc = reader.doc(d);
+                assert_eq!(reader.index[d].0, shard::doc_key(ids));
+                assert_eq!(doc.ids(), *ids);
+                let t = targets(ids.len(), 5, d as u32);
+                for q in 0..ids.len() {
+                    let (mut top, mut values) = (Vec::new(), Vec::new());
+                    doc.entries(q, 5, &mut top, &mut values);
+                    let row = q * 5..q * 5 + 5;
+                    let (min, max) = (t.logp[row.end - 1], t.logp[row.start]);
+                    let mut got: Vec<(u32, f32)> = top.into_iter().zip(values).collect();
+                    assert!(
+                        got.windows(2).all(|w| w[0].1 >= w[1].1),
+                        "{dtype:?}: best first"
+                    );
+                    got.sort_by_key(|e| e.0);
+                    let mut want: Vec<(u32, f32)> = t.ids[row.clone()]
+                        .iter()
+                        .copied()
+                        .zip(t.logp[row].iter().copied())
+                        .collect();
+                    want.sort_by_key(|e| e.0);
+                    for (g, w) in got.iter().zip(&want) {
+                        assert_eq!(g.0, w.0);
+                        let bound = dtype.error_bound(min, max, w.1);
+                        assert!((g.1 - w.1).abs() <= bound, "{dtype:?}: {g:?} vs {w:?}");
+                    }
+                    assert_eq!(doc.observed(q), t.observed[q]);
+                    if confidence {
+                        assert_eq!(doc.neg_ce(q), t.neg_ce[q]);
+                        assert_eq!(doc.neg_entropy(q), t.neg_entropy[q]);
+                        assert_eq!(doc.max_prob(q), t.max_prob[q]);
+                    }
+                }
+                if dtype == ValueDtype::F32 && !ids.is_empty() {
+                    let (mut top, mut values) = (Vec::new(), Vec::new());
+                    doc.entries(0, 3, &mut top, &mut values);
+                    assert_eq!(top, t.ids[..3]);
+                    assert_eq!(values, t.logp[..3]);
+                }
+            }
+            drop(reader);
+            let bytes = std::fs::read(&path).unwrap();
+            for at in [20, bytes.len() / 2, bytes.len() - 30] {
+                let mut bad = bytes.clone();
+                bad[at] ^= 0x10;
+                std::fs::write(&path, &bad).unwrap();
+                let err = ShardReader::open(&path)
+                    .err()
+                    .expect("damage found")
+                    .to_string();
+                assert!(err.contains("damaged shard"), "{err}");
+            }
         }
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -343,11 +414,18 @@ mod tests {
     /// Bytes per stored token, as the format lays them out.
     #[test]
     fn bytes_per_token_follow_the_layout() {
-        assert_eq!(Manifest::bytes_per_token(64, ValueDtype::F32), 24 + 64 * 8);
-        assert_eq!(Manifest::bytes_per_token(64, ValueDtype::Bf16), 24 + 64 * 6);
+        assert_eq!(
+            Manifest::bytes_per_token(64, ValueDtype::F32),
+            Some(24 + 64 * 8)
+        );
+        assert_eq!(
+            Manifest::bytes_per_token(64, ValueDtype::Bf16),
+            Some(24 + 64 * 6)
+        );
         assert_eq!(
             Manifest::bytes_per_token(64, ValueDtype::Q8),
-            24 + 64 * 5 + 8
+            Some(24 + 64 * 5 + 8)
         );
+        assert_eq!(Manifest::bytes_per_token(64, ValueDtype::Compact), None);
     }
 }

@@ -494,7 +494,7 @@ pub fn entries(
         let ids = &mut out.ids[slot * k..(slot + 1) * k];
         let logp = &mut out.logp[slot * k..(slot + 1) * k];
         for (j, (id, value)) in ids.iter_mut().zip(logp.iter_mut()).enumerate() {
-            *id = a.ids[from + j] as i64;
+            *id = a.ids[from + j];
             *value = (a.logp[from + j] as f64 + shift) as f32;
         }
     }

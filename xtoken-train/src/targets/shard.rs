@@ -3,25 +3,33 @@
 //! documents, and a footer with the data shard and piece it covers and an xxh3 checksum of
 //! everything before it. Little-endian throughout.
 //!
-//! A document's record of `n` positions and `k` entries each:
+//! A document's record of `n` positions and `k` entries each, in the fixed layouts (`f32`,
+//! `bf16`, `q8`):
 //! `ids [n] u32 · observed [n] f32 · neg_ce [n] f32 · max_prob [n] f32 · neg_entropy [n] f64 ·
-//! top ids [n, k] u32 · values [n] × (k values in the store's dtype)`.
+//! top ids [n, k] u32 · values [n] × (k values in the store's dtype)`;
+//! in the compact layout ([`super::compact`]), where the confidence columns are there only when
+//! the header's flags say so and each position's entries are a block of its own length:
+//! `ids [n] u32 · observed [n] f32 · (neg_ce · max_prob · neg_entropy) · ends [n] u32 ·
+//! blocks` (`ends[q]`: the end of position `q`'s block, from the first block's start).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use xtoken_kernels::host::PositionTargets;
 
+use super::compact;
 use crate::config::ValueDtype;
 use crate::error::{Context, Error, Result};
 
 const HEAD: &[u8; 8] = b"XTTSHRD2";
 const TAIL: &[u8; 8] = b"XTTSEND2";
-/// magic, k (u32), dtype (u8), 3 bytes of padding, temperature (f64).
+/// magic, k (u32), dtype (u8), flags (u8), 2 bytes of padding, temperature (f64).
 const HEADER_BYTES: usize = 24;
 /// index offset, documents, data shard, piece, last, checksum, magic.
 const FOOTER_BYTES: usize = 56;
 const INDEX_ENTRY_BYTES: usize = 24;
+/// The header's flag: the confidence columns are left out (compact layout only).
+const NO_CONFIDENCE: u8 = 1;
 
 /// Bytes of a position besides its entries: its token, observed log-probability, `−CE`,
 /// max-probability (4 each) and `Σ p log p` (8).
@@ -33,14 +41,18 @@ pub use crate::data::doc_key;
 pub struct ShardWriter {
     k: usize,
     dtype: ValueDtype,
+    confidence: bool,
     body: Vec<u8>,
     index: Vec<(u64, u64, u64)>,
     scratch: Vec<f32>,
+    order: Vec<u32>,
 }
 
 impl ShardWriter {
-    /// An empty shard of `k` entries per position in `dtype`, tempered at `temperature`.
-    pub fn new(k: usize, dtype: ValueDtype, temperature: f64) -> Self {
+    /// An empty shard of `k` entries per position in `dtype`, tempered at `temperature`, with
+    /// the confidence columns when `confidence` (the fixed layouts always have them).
+    pub fn new(k: usize, dtype: ValueDtype, temperature: f64, confidence: bool) -> Self {
+        let confidence = confidence || dtype != ValueDtype::Compact;
         let mut body = Vec::with_capacity(1 << 20);
         body.extend_from_slice(HEAD);
         body.extend_from_slice(&(k as u32).to_le_bytes());
@@ -48,15 +60,19 @@ impl ShardWriter {
             ValueDtype::F32 => 0,
             ValueDtype::Bf16 => 1,
             ValueDtype::Q8 => 2,
+            ValueDtype::Compact => 3,
         });
-        body.extend_from_slice(&[0; 3]);
+        body.push(if confidence { 0 } else { NO_CONFIDENCE });
+        body.extend_from_slice(&[0; 2]);
         body.extend_from_slice(&temperature.to_le_bytes());
         Self {
             k,
             dtype,
+            confidence,
             body,
             index: Vec::new(),
             scratch: Vec::new(),
+            order: Vec::new(),
         }
     }
 
@@ -74,13 +90,16 @@ impl ShardWriter {
     /// the shard's).
     pub fn push(&mut self, ids: &[u32], targets: &PositionTargets) -> Result<()> {
         let (n, k) = (ids.len(), self.k);
+        let stats = [
+            targets.neg_ce.len(),
+            targets.max_prob.len(),
+            targets.neg_entropy.len(),
+        ];
         let fits = targets.k == k
             && targets.ids.len() == n * k
             && targets.logp.len() == n * k
             && targets.observed.len() == n
-            && targets.neg_ce.len() == n
-            && targets.neg_entropy.len() == n
-            && targets.max_prob.len() == n;
+            && (!self.confidence || stats == [n; 3]);
         if !fits {
             return Err(Error::Targets(format!(
                 "a document of {n} positions came with targets of another shape (k = {}, {} \
@@ -94,15 +113,25 @@ impl ShardWriter {
         let b = &mut self.body;
         ids.iter()
             .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
-        for column in [&targets.observed, &targets.neg_ce, &targets.max_prob] {
+        let columns: &[&Vec<f32>] = match self.confidence {
+            true => &[&targets.observed, &targets.neg_ce, &targets.max_prob],
+            false => &[&targets.observed],
+        };
+        for column in columns {
             column
                 .iter()
                 .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
         }
-        targets
-            .neg_entropy
-            .iter()
-            .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
+        if self.confidence {
+            targets
+                .neg_entropy
+                .iter()
+                .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
+        }
+        if self.dtype == ValueDtype::Compact {
+            self.push_blocks(n, targets);
+            return Ok(());
+        }
         targets
             .ids
             .iter()
@@ -113,6 +142,23 @@ impl ShardWriter {
             self.dtype.encode(&self.scratch, b);
         }
         Ok(())
+    }
+
+    /// The compact layout's `ends` and blocks of a document's `n` positions.
+    fn push_blocks(&mut self, n: usize, targets: &PositionTargets) {
+        let k = self.k.max(1);
+        let ends_at = self.body.len();
+        self.body.resize(ends_at + 4 * n, 0);
+        let start = self.body.len();
+        let rows = targets
+            .ids
+            .chunks_exact(k)
+            .zip(targets.logp.chunks_exact(k));
+        for (q, (ids, logp)) in rows.enumerate() {
+            compact::encode(ids, logp, &mut self.order, &mut self.body);
+            let end = (self.body.len() - start) as u32;
+            self.body[ends_at + 4 * q..ends_at + 4 * q + 4].copy_from_slice(&end.to_le_bytes());
+        }
     }
 
     /// Writes the shard to `path` (through a temporary file, renamed into place), as piece
@@ -160,6 +206,8 @@ pub struct ShardReader {
     pub k: usize,
     /// The values' encoding.
     pub dtype: ValueDtype,
+    /// Whether it holds the confidence terms of adaptive weighting.
+    pub confidence: bool,
     /// τ its values were tempered with.
     pub temperature: f64,
     /// The data shard it covers (its place in `data.path`'s expansion).
@@ -224,13 +272,19 @@ impl ShardReader {
             0 => ValueDtype::F32,
             1 => ValueDtype::Bf16,
             2 => ValueDtype::Q8,
+            3 => ValueDtype::Compact,
             _ => return Err(damaged("an unknown value dtype")),
         };
+        let confidence = dtype != ValueDtype::Compact || map[13] & NO_CONFIDENCE == 0;
         let (index_offset, docs) = (u64_at(&map, foot) as usize, u64_at(&map, foot + 8) as usize);
         if index_offset + docs * INDEX_ENTRY_BYTES != foot {
             return Err(damaged("its index does not end at its footer"));
         }
-        let per_position = POSITION_BYTES + 4 * k + dtype.value_bytes(k);
+        let layout = Layout {
+            k,
+            dtype,
+            confidence,
+        };
         let index: Vec<(u64, u64, u64)> = (0..docs)
             .map(|d| {
                 let at = index_offset + d * INDEX_ENTRY_BYTES;
@@ -241,16 +295,19 @@ impl ShardReader {
                 )
             })
             .collect();
-        if index
-            .iter()
-            .any(|&(_, off, n)| off as usize + n as usize * per_position > index_offset)
-        {
+        let within = |&(_, off, n): &(u64, u64, u64)| {
+            layout
+                .record_bytes(&map[..index_offset], off as usize, n as usize)
+                .is_some_and(|b| off as usize + b <= index_offset)
+        };
+        if !index.iter().all(within) {
             return Err(damaged("a document runs past its records"));
         }
         Ok(Self {
             path: path.to_path_buf(),
             k,
             dtype,
+            confidence,
             temperature: f64::from_bits(u64_at(&map, 16)),
             data_shard: u64_at(&map, foot + 16) as usize,
             piece: u64_at(&map, foot + 24) as usize,
@@ -273,15 +330,59 @@ impl ShardReader {
     /// Document `d` of the index.
     pub fn doc(&self, d: usize) -> DocRecord<'_> {
         let (_, offset, n) = self.index[d];
-        let per_position = POSITION_BYTES + 4 * self.k + self.dtype.value_bytes(self.k);
-        let start = offset as usize;
-        DocRecord {
-            n: n as usize,
+        let layout = Layout {
             k: self.k,
             dtype: self.dtype,
-            bytes: &self.map[start..start + n as usize * per_position],
+            confidence: self.confidence,
+        };
+        let (start, n) = (offset as usize, n as usize);
+        // Checked at open.
+        let bytes = layout.record_bytes(&self.map, start, n).unwrap_or(0);
+        DocRecord {
+            n,
+            k: self.k,
+            dtype: self.dtype,
+            confidence: self.confidence,
+            bytes: &self.map[start..start + bytes],
         }
     }
+}
+
+/// How a shard lays out its records.
+struct Layout {
+    k: usize,
+    dtype: ValueDtype,
+    confidence: bool,
+}
+
+impl Layout {
+    /// Bytes of the record of `n` positions at `start` of `map` (`None`: it runs past it).
+    fn record_bytes(&self, map: &[u8], start: usize, n: usize) -> Option<usize> {
+        if self.dtype != ValueDtype::Compact {
+            return Some(n * (POSITION_BYTES + 4 * self.k + self.dtype.value_bytes(self.k)));
+        }
+        let blocks = compact_columns(n, self.confidence) + 4 * n;
+        if n == 0 {
+            return Some(blocks);
+        }
+        let last_end = start.checked_add(blocks)?;
+        let end = map.get(last_end - 4..last_end)?;
+        Some(blocks + u32_at(end, 0) as usize)
+    }
+}
+
+/// Bytes of a compact record's columns before its `ends`.
+fn compact_columns(n: usize, confidence: bool) -> usize {
+    if confidence {
+        POSITION_BYTES * n
+    } else {
+        8 * n
+    }
+}
+
+thread_local! {
+    /// A decoded compact block, sorted by id: ids, values, order keys.
+    static DECODED: std::cell::RefCell<(Vec<u32>, Vec<f32>, Vec<u16>)> = Default::default();
 }
 
 /// One stored document, read in place.
@@ -293,6 +394,8 @@ pub struct DocRecord<'a> {
     pub k: usize,
     /// The values' encoding.
     pub dtype: ValueDtype,
+    /// Whether it holds the confidence terms.
+    pub confidence: bool,
     bytes: &'a [u8],
 }
 
@@ -333,6 +436,9 @@ impl DocRecord<'_> {
 
     /// Position `q`'s first `k` entries (best first): ids into `ids`, values into `values`.
     pub fn entries(&self, q: usize, k: usize, ids: &mut Vec<u32>, values: &mut Vec<f32>) {
+        if self.dtype == ValueDtype::Compact {
+            return self.compact_entries(q, k, ids, values);
+        }
         let top = 24 * self.n + 4 * self.k * q;
         ids.extend(
             self.bytes[top..top + 4 * k]
@@ -342,5 +448,22 @@ impl DocRecord<'_> {
         let per = self.dtype.value_bytes(self.k);
         let at = 24 * self.n + 4 * self.k * self.n + per * q;
         self.dtype.decode(&self.bytes[at..at + per], k, values);
+    }
+
+    /// Position `q`'s compact block: decoded, then its best `k` in order.
+    fn compact_entries(&self, q: usize, k: usize, ids: &mut Vec<u32>, values: &mut Vec<f32>) {
+        let ends = compact_columns(self.n, self.confidence);
+        let blocks = ends + 4 * self.n;
+        let end = |q: usize| u32_at(self.bytes, ends + 4 * q) as usize;
+        let from = if q == 0 { 0 } else { end(q - 1) };
+        let block = &self.bytes[blocks + from..blocks + end(q)];
+        DECODED.with(|d| {
+            let (sorted, decoded, codes) = &mut *d.borrow_mut();
+            sorted.clear();
+            decoded.clear();
+            codes.clear();
+            compact::decode(block, self.k, sorted, decoded, codes);
+            compact::best_first(sorted, decoded, codes, k, ids, values);
+        });
     }
 }

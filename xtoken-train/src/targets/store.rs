@@ -247,6 +247,13 @@ impl Store {
                 self.manifest.top_k
             )));
         }
+        if confidence && !self.manifest.confidence {
+            return Err(Error::Targets(format!(
+                "{}: written without the confidence terms adaptive weighting reads (write them \
+                 again with teach.confidence = true)",
+                self.dir.display()
+            )));
+        }
         let rows = self.locate(spans, ids, plan.teacher_len)?;
         let slots = plan.batch * plan.chunks;
         let sigma = continuation_shifts(plan, |row| {
@@ -285,9 +292,9 @@ impl Store {
                     top.clear();
                     values.clear();
                     doc.entries(*q, k, top, values);
-                    for (j, (&t, &v)) in top.iter().zip(values.iter()).enumerate() {
-                        ids[j] = t as i64;
-                        logp[j] = (v as f64 + shift) as f32;
+                    ids[..top.len()].copy_from_slice(top);
+                    for (l, &v) in logp.iter_mut().zip(values.iter()) {
+                        *l = (v as f64 + shift) as f32;
                     }
                 },
             );
@@ -359,6 +366,10 @@ fn held_as_manifest(shard: &ShardReader, m: &Manifest) -> Result<()> {
     if shard.dtype != m.dtype {
         let (a, b) = (shard.dtype.name(), m.dtype.name());
         wrong.push(format!("dtype {a} (the manifest: {b})"));
+    }
+    if shard.confidence != m.confidence {
+        let (a, b) = (shard.confidence, m.confidence);
+        wrong.push(format!("confidence terms {a} (the manifest: {b})"));
     }
     if shard.temperature != m.temperature {
         let (a, b) = (shard.temperature, m.temperature);

@@ -264,8 +264,15 @@ fn run_batch<B: XTokenBackend>(
             let next: Vec<i32> = (0..n)
                 .map(|p| job.prompt.get(p + 1).map_or(-1, |&t| t as i32))
                 .collect();
-            position_targets::<B>(row.into_primitive().tensor(), &next, job.k.max(1), 1.0, 64)
-                .map_err(|e| e.to_string())
+            position_targets::<B>(
+                row.into_primitive().tensor(),
+                &next,
+                job.k.max(1),
+                1.0,
+                64,
+                true,
+            )
+            .map_err(|e| e.to_string())
         })
         .collect()
 }

@@ -27,7 +27,7 @@ use crate::output::{claim_work_dir, Inputs};
 use crate::targets::served::ServedTeacher;
 use crate::targets::shard::{ShardReader, ShardWriter};
 use crate::targets::store::{shard_files, shard_name};
-use crate::targets::{Manifest, FORMAT, MANIFEST};
+use crate::targets::{Manifest, ValueDtype, FORMAT, MANIFEST};
 use crate::train::teachers::{dtype_of, tokens};
 
 /// What one teacher's pass wrote.
@@ -163,6 +163,8 @@ impl<B: XTokenBackend> TeacherPass<B> {
             compute_dtype: compute,
             top_k: config.teach.top_k.min(vocab_size),
             dtype: config.teach_dtype()?,
+            error_bound: config.teach_dtype()?.bound_text().into(),
+            confidence: config.teach.confidence || config.teach_dtype()? != ValueDtype::Compact,
             temperature: config.loss.temperature,
             window,
             shard_documents: config.teach.shard_documents,
@@ -261,7 +263,7 @@ impl<B: XTokenBackend> TeacherPass<B> {
                     continue;
                 }
                 let m = &self.manifest;
-                let mut writer = ShardWriter::new(m.top_k, m.dtype, m.temperature);
+                let mut writer = ShardWriter::new(m.top_k, m.dtype, m.temperature, m.confidence);
                 let mut last = false;
                 while writer.documents() < self.manifest.shard_documents {
                     let Some(raw) = reader.next_doc()? else {
@@ -324,9 +326,10 @@ impl<B: XTokenBackend> TeacherPass<B> {
             B::sync(&self.device).ok();
             *forward_seconds += forward.elapsed().as_secs_f64();
             let t = self.manifest.temperature as f32;
-            let found =
-                position_targets::<B>(logits.into_primitive().tensor(), &next, all.k, t, 64)
-                    .map_err(|e| Error::Targets(format!("teacher {}: {e}", self.name)))?;
+            let confidence = self.manifest.confidence;
+            let logits = logits.into_primitive().tensor();
+            let found = position_targets::<B>(logits, &next, all.k, t, 64, confidence)
+                .map_err(|e| Error::Targets(format!("teacher {}: {e}", self.name)))?;
             all.ids.extend(found.ids);
             all.logp.extend(found.logp);
             all.observed.extend(found.observed);
@@ -439,7 +442,8 @@ fn claim_store(dir: &Path, manifest: &Manifest) -> Result<()> {
         let mut differ = differences(&found, manifest);
         // The data by content: a pass continued after the data was touched or moved goes on.
         let data = fingerprint::content_changes(&found.data, &manifest.data)?;
-        differ.retain(|field| field != "data");
+        // The error bound follows from the dtype.
+        differ.retain(|field| field != "data" && field != "error_bound");
         if !data.is_empty() {
             differ.push(format!("data: {}", data.join("; ")));
         }

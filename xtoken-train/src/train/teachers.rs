@@ -290,6 +290,16 @@ pub fn open_store(
             allow_data_change,
         )
         .with_context(|| format!("teachers[{m}].targets"))?;
+    let adaptive = matches!(config.weighting()?, Weighting::Adaptive(_));
+    if adaptive && !store.manifest.confidence {
+        return Err(Error::Targets(format!(
+            "teachers[{m}].targets: {}: written without the confidence terms that loss.weighting \
+             = {:?} reads (teach.confidence = false); write them again with teach.confidence = \
+             true, or weight the teachers statically",
+            dir.display(),
+            config.loss.weighting
+        )));
+    }
     Ok(store)
 }
 

@@ -137,7 +137,7 @@ fn rounded_stores_train_close_to_the_exact_one() {
         f.teacher.display()
     );
     let mut losses = Vec::new();
-    for dtype in ["f32", "bf16", "q8"] {
+    for dtype in ["f32", "bf16", "q8", "compact"] {
         let config = run_config(
             &f,
             &format!("teach-{dtype}"),
@@ -158,12 +158,48 @@ fn rounded_stores_train_close_to_the_exact_one() {
     // Each stored value is within 2⁻⁸ relative (bf16) or half a step of 1/255 of the kept
     // range (8-bit); the first step's KD, a mean of KL terms over those values, moves by less
     // than that bound times its own size plus the range (here below 0.1 in log-space).
-    let (exact, bf16, q8) = (losses[0], losses[1], losses[2]);
+    // The compact layout's values err by at most 0.0005 in the head (within 4 nats of the
+    // largest), where the mass is, and 0.066 of the rest of the range below.
+    let (exact, bf16, q8, compact) = (losses[0], losses[1], losses[2], losses[3]);
     assert!(
         (bf16 - exact).abs() <= exact.abs() * 0.02 + 1e-3,
         "{losses:?}"
     );
     assert!((q8 - exact).abs() <= exact.abs() * 0.1 + 1e-2, "{losses:?}");
+    assert!(
+        (compact - exact).abs() <= exact.abs() * 0.1 + 1e-2,
+        "{losses:?}"
+    );
+    compact_confidence_is_kept_only_when_asked(&f, &teacher);
+}
+
+/// A compact store keeps the confidence terms only with `teach.confidence`: without them a run
+/// with adaptive weighting is refused by name before step 1, with them it trains.
+fn compact_confidence_is_kept_only_when_asked(f: &Fixture, teacher: &str) {
+    let adaptive = |t: String| t.replace("[loss]\n", "[loss]\nweighting = \"neg_ce\"\n");
+    let without = f.dir.0.join("store-compact").join("digits");
+    let stored = format!("targets = \"{}\"\nloss = \"pkl\"", without.display());
+    refused_before_step_1(
+        f,
+        ("adaptive", &stored),
+        &adaptive,
+        "teach.confidence = true",
+    );
+    let config = run_config(
+        f,
+        "teach-compact-confidence",
+        teacher,
+        "dtype = \"compact\"\nconfidence = true",
+    );
+    let store = f.dir.0.join("store-compact-confidence");
+    teach(&config, &store);
+    let stored = format!(
+        "targets = \"{}\"\nloss = \"pkl\"",
+        store.join("digits").display()
+    );
+    let run = run_config(f, "run-adaptive", &stored, "");
+    std::fs::write(&run, adaptive(std::fs::read_to_string(&run).unwrap())).unwrap();
+    ok(train(&run, &["--stop-after", "1"]));
 }
 
 /// One stored pass of a teacher serves two students of different tokenizers.

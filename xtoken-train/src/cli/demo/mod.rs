@@ -134,7 +134,7 @@ fn one_seed(
     let extra = [
         (
             args.stored,
-            "the audit's pick from its teacher's stored targets (top-64, 8-bit)",
+            "the audit's pick from its teacher's stored targets (top-64, compact)",
             true,
         ),
         (
@@ -310,7 +310,10 @@ impl Seeded<'_> {
             alpha,
             ..self.ce_run(&out, &start, self.args.student_steps, LR_DISTILL)
         };
-        let teach = format!("{}\n[teach]\ntop_k = 64\ndtype = \"q8\"\n", online.toml());
+        let teach = format!(
+            "{}\n[teach]\ntop_k = 64\ndtype = \"compact\"\n",
+            online.toml()
+        );
         xtoken_train::train::teach::teach_on_device(
             &xtoken_train::RunConfig::parse(&teach)?,
             &store,

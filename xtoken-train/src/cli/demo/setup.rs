@@ -128,7 +128,7 @@ pub(crate) const ALPHA: f64 = 2.0;
 
 /// The students: name, loss and α (`CE only` is the floor: the same run with α = 0).
 /// The row of the audit's pick distilled from stored targets (`--stored`).
-pub(super) const STORED_METHOD: &str = "audit's pick, stored top-64 8-bit";
+pub(super) const STORED_METHOD: &str = "audit's pick, stored top-64 compact";
 /// The row of the audit's pick distilled from a served teacher (`--served`).
 pub(super) const SERVED_METHOD: &str = "audit's pick, served top-20";
 
