@@ -57,6 +57,8 @@ const INPUTS: &[&str] = &[
     "bench eval/data",
     "bench train/student_tokenizer",
     "bench train/teacher_tokenizer",
+    "bench store/model",
+    "bench store/text",
     "bench on-policy/demo",
     "serve/model",
     "serve/tokenizer",
