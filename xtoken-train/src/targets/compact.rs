@@ -30,7 +30,8 @@ pub const HEAD_FLOOR: f32 = -5.545_177;
 /// Bytes of a block before its bits.
 pub const BLOCK_HEADER: usize = 11;
 const NEG_INF: u8 = 0x80;
-/// Buckets of the order keys: the head's fine codes, then the tail's codes.
+/// Past every order key (the head's fine codes, then `FINE +` the tail's codes): `KEYS − 1` is a
+/// decoded −∞'s key, `KEYS` marks one for the encoder.
 const KEYS: usize = (FINE + 1 + TOP) as usize + 1;
 
 /// The scale of a position whose finite values lie within `range` below the largest: the head
