@@ -84,6 +84,16 @@ impl<B: FusionBackend + XTokenBackend> XTokenBackend for Fusion<B> {
         ))
     }
 
+    fn xt_position_targets(
+        logits: FloatTensor<Self>,
+        next: &[i32],
+        top_k: usize,
+        tau: f32,
+        confidence: bool,
+    ) -> Result<crate::host::PositionTargets, KernelError> {
+        B::xt_position_targets(inner_float::<B>(logits), next, top_k, tau, confidence)
+    }
+
     fn xt_distill(
         logits: FloatTensor<Self>,
         teacher: TeacherEntries<Self>,

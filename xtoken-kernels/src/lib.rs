@@ -142,6 +142,20 @@ pub trait XTokenBackend: Backend {
         host::teacher_entries::<Self>(logits, spec)
     }
 
+    /// What a stored or served teacher keeps of each row of its logits `[B, T_T, V_T]`
+    /// ([`host::PositionTargets`]): its top-K, the observed next token's log-probability and
+    /// rank (`next[row]`, `-1`: none) and, with `confidence`, the confidence terms. A backend
+    /// with kernels selects where the logits lie and sends back `O(rows · K)` values.
+    fn xt_position_targets(
+        logits: FloatTensor<Self>,
+        next: &[i32],
+        top_k: usize,
+        tau: f32,
+        confidence: bool,
+    ) -> Result<host::PositionTargets, KernelError> {
+        host::position_targets::<Self>(logits, next, top_k, tau, 64, confidence)
+    }
+
     /// Evaluates a distillation loss on the student logits `[B, T_S, V_S]` against the
     /// teacher's entries and, as requested, its gradients. `projection` is required by P-KL.
     fn xt_distill(
@@ -373,6 +387,19 @@ where
         ))
     }
 
+    fn xt_position_targets(
+        logits: FloatTensor<Self>,
+        next: &[i32],
+        top_k: usize,
+        tau: f32,
+        confidence: bool,
+    ) -> Result<host::PositionTargets, KernelError> {
+        let Some(src) = ndarray_rows(&logits) else {
+            return host::position_targets::<Self>(logits, next, top_k, tau, 64, confidence);
+        };
+        host::position_targets_from(&src, next, top_k, tau, 64, confidence)
+    }
+
     fn xt_distill(
         logits: FloatTensor<Self>,
         teacher: TeacherEntries<Self>,
@@ -535,6 +562,19 @@ impl XTokenBackend for burn_flex::Flex {
             vocab,
             &Default::default(),
         ))
+    }
+
+    fn xt_position_targets(
+        logits: FloatTensor<Self>,
+        next: &[i32],
+        top_k: usize,
+        tau: f32,
+        confidence: bool,
+    ) -> Result<host::PositionTargets, KernelError> {
+        let Some(src) = flex_rows(&logits) else {
+            return host::position_targets::<Self>(logits, next, top_k, tau, 64, confidence);
+        };
+        host::position_targets_from(&src, next, top_k, tau, 64, confidence)
     }
 
     fn xt_distill(

@@ -1260,6 +1260,43 @@ pub fn confidence_rows<F: Float>(
     }
 }
 
+/// Per row with an observed next token `y` (one cube each): `out[2i] = z[y]·t − lse[row]`, the
+/// token's tempered log-probability as the host computes it, and `out[2i + 1]` its rank, 1 + how
+/// many logits of the row are larger (counted in f32: exact for any vocabulary below 2²⁴).
+#[cube(launch_unchecked, address_type = "dynamic")]
+pub fn observed_rows<F: Float>(
+    z: &Array<F>,
+    lse: &Array<f32>,
+    rows: &Array<i32>,
+    targets: &Array<i32>,
+    out: &mut Array<f32>,
+    count: usize,
+    v: usize,
+    t: f32,
+    #[comptime] block: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let i = CUBE_POS;
+    if i >= count {
+        terminate!();
+    }
+    let row = usize::cast_from(rows[i]);
+    let zy = f32::cast_from(z[row * v + usize::cast_from(targets[i])]);
+    let mut larger = 0.0f32;
+    let mut c = UNIT_POS as usize;
+    while c < v {
+        if f32::cast_from(z[row * v + c]) > zy {
+            larger += 1.0f32;
+        }
+        c += block;
+    }
+    let total = block_sum(larger, block);
+    if UNIT_POS == 0 {
+        out[2 * i] = zy * t - lse[row];
+        out[2 * i + 1] = total + 1.0f32;
+    }
+}
+
 /// Packs the probabilities of a slot's teacher entries without a student partner into
 /// `rest[out..]`, in entry order, and returns how many: per run of `block` entries, a flag per
 /// unit and an inclusive scan of the flags in shared memory give each its place.

@@ -41,6 +41,7 @@ use burn::tensor::ops::FloatTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 
 use crate::error::KernelError;
+use crate::host::PositionTargets;
 use crate::loss_kind::LossKind;
 use crate::spec::{DistillSpec, EntriesSpec, GradRequest};
 use crate::{LossOutput, ProjectionTensors, TeacherEntries, XTokenBackend};
@@ -58,6 +59,16 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> XTokenBack
         spec: &EntriesSpec,
     ) -> Result<TeacherEntries<Self>, KernelError> {
         teacher::teacher_entries::<Self, R>(logits, spec)
+    }
+
+    fn xt_position_targets(
+        logits: FloatTensor<Self>,
+        next: &[i32],
+        top_k: usize,
+        tau: f32,
+        confidence: bool,
+    ) -> Result<PositionTargets, KernelError> {
+        teacher::position_targets::<Self, R>(logits, next, top_k, tau, confidence)
     }
 
     fn xt_distill(

@@ -4,7 +4,8 @@
 //! sizes of its buffers).
 //!
 //! - the teacher's top-K (K at most one cube of units and above it; with the next-token
-//!   confidence statistics of adaptive weighting);
+//!   confidence statistics of adaptive weighting), and every row's as `xtoken teach` stores it
+//!   (with the observed token's log-probability and rank);
 //! - every loss's forward and backward on a merge plan with continuations and skipped slots:
 //!   KL, P-KL (W's gradient asked and not), GOLD, H-KL (many-to-one common set), ULD; P-KL
 //!   once more with the device checks deferred, as a training step runs it;
@@ -66,6 +67,8 @@ pub fn run_on<B: XTokenBackend>(
     case.entries::<B>(TEACHER_VOCAB, 64, false, dtype, device)?;
     step("teacher top-K, K = 512, with next-token confidence")?;
     case.entries::<B>(TEACHER_VOCAB, 512, true, dtype, device)?;
+    step("a stored teacher's targets (every row's top-K, observed token, confidence), K = 64")?;
+    case.positions::<B>(64, dtype, device)?;
     let want = |weights| GradRequest {
         logits: true,
         weights,
@@ -215,6 +218,24 @@ impl Case {
             next_token: confidence.then(|| Arc::from(next)),
         };
         B::xt_teacher_entries(self.floats::<B>(data, vocab, dtype, device), &spec)
+    }
+
+    /// `xtoken teach`'s and `xtoken serve`'s selection: every row's top-K at τ ≠ 1 (so the
+    /// confidence terms take their own untempered pass), the last row without a next token.
+    fn positions<B: XTokenBackend>(
+        &self,
+        top_k: usize,
+        dtype: DType,
+        device: &B::Device,
+    ) -> Result<(), KernelError> {
+        let next: Vec<i32> = (0..self.merge.rows)
+            .map(|r| match r + 1 == self.merge.rows {
+                true => -1,
+                false => (r * 53 % TEACHER_VOCAB) as i32,
+            })
+            .collect();
+        let logits = self.floats::<B>(&self.teacher, TEACHER_VOCAB, dtype, device);
+        B::xt_position_targets(logits, &next, top_k, 0.7, true).map(|_| ())
     }
 
     fn distill<B: XTokenBackend>(

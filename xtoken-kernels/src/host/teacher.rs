@@ -84,7 +84,7 @@ pub fn teacher_entries_from<S: LogitRows>(
         let top = par_items(
             &mut items,
             &mut orders,
-            || Vec::<u32>::with_capacity(vt),
+            || Vec::<u64>::with_capacity(vt),
             |order, &mut (i, row)| top_k_of(block.row(i, row, vt), tau_inv, k, order),
         );
         for (i, (lse, best)) in top.into_iter().enumerate() {
@@ -111,27 +111,37 @@ pub fn teacher_entries_from<S: LogitRows>(
 }
 
 /// A row's log-sum-exp and its `k` largest ids, best first (ties: the smaller id).
-fn top_k_of(z: &[f32], tau_inv: f32, k: usize, order: &mut Vec<u32>) -> (f32, Vec<u32>) {
+fn top_k_of(z: &[f32], tau_inv: f32, k: usize, order: &mut Vec<u64>) -> (f32, Vec<u32>) {
     let lse = log_sum_exp(z, tau_inv);
     select_top(z, k, None, order);
-    (lse, order.clone())
+    (lse, ids_of(order))
 }
 
-/// The `k` largest ids of `z` into `order`, best first (ties: the smaller id), in one pass
-/// over the row: a candidate joins while it beats the `k`-th best found so far, and the
-/// candidates are cut back to `k` whenever they fill `4k`. With `y`, also the rank of `z[y]`
-/// (1 + how many entries are larger; 0 without `y`), counted in the same pass.
-fn select_top(z: &[f32], k: usize, y: Option<usize>, order: &mut Vec<u32>) -> u32 {
+/// The key that sorts `(x, id)` best first, ties to the smaller id, as a plain `u64`: the high
+/// half is `x`'s `total_cmp` order reversed, the low half the id. Sorting keys needs no look-up
+/// into the row per comparison.
+fn best_first_key(x: f32, id: u32) -> u64 {
+    let signed = x.to_bits() as i32;
+    let ordered = signed ^ ((((signed >> 31) as u32) >> 1) as i32);
+    let ascending = (ordered as u32) ^ 0x8000_0000;
+    (u64::from(!ascending) << 32) | u64::from(id)
+}
+
+/// The `k` largest ids of `z` as keys in `order` (the id is a key's low half), best first (ties:
+/// the smaller id), in one pass over the row: a candidate joins while it beats the `k`-th best
+/// found so far, and the candidates are cut back to `k` whenever they fill `4k`. With `y`, also
+/// the rank of `z[y]` (1 + how many entries are larger; 0 without `y`), counted in the same
+/// pass.
+fn select_top(z: &[f32], k: usize, y: Option<usize>, order: &mut Vec<u64>) -> u32 {
     let k = k.min(z.len());
-    let better = |a: &u32, b: &u32| z[*b as usize].total_cmp(&z[*a as usize]).then(a.cmp(b));
     // Keeps the best `k`; returns the `k`-th best value.
-    let cut = |order: &mut Vec<u32>| {
+    let cut = |order: &mut Vec<u64>| {
         if order.len() <= k {
             return None;
         }
-        order.select_nth_unstable_by(k - 1, better);
+        order.select_nth_unstable(k - 1);
         order.truncate(k);
-        Some(z[order[k - 1] as usize])
+        Some(z[order[k - 1] as u32 as usize])
     };
     order.clear();
     let cap = (4 * k).max(64);
@@ -147,14 +157,19 @@ fn select_top(z: &[f32], k: usize, y: Option<usize>, order: &mut Vec<u32>) -> u3
         if floor.is_some_and(|f| x.total_cmp(&f).is_le()) || k == 0 {
             continue;
         }
-        order.push(i as u32);
+        order.push(best_first_key(x, i as u32));
         if order.len() == cap {
             floor = cut(order);
         }
     }
     cut(order);
-    order.sort_unstable_by(better);
+    order.sort_unstable();
     zy.map_or(0, |_| 1 + larger)
+}
+
+/// The ids of [`select_top`]'s keys.
+fn ids_of(order: &[u64]) -> Vec<u32> {
+    order.iter().map(|&key| key as u32).collect()
 }
 
 /// Batch means of `log p[y]`, `Σ p log p` and `max p` over rows with a next token.
@@ -251,7 +266,7 @@ pub fn position_targets_from<S: LogitRows>(
         let parts = par_items(
             &mut items,
             &mut scratches,
-            || Vec::<u32>::with_capacity(vt),
+            || Vec::<u64>::with_capacity(vt),
             |order, &mut (i, row)| {
                 let z = block.row(i, row, vt);
                 let y = next[row as usize];
@@ -267,7 +282,7 @@ pub fn position_targets_from<S: LogitRows>(
                 } else {
                     0.0
                 };
-                (lse, order.clone(), observed, stats, rank)
+                (lse, ids_of(order), observed, stats, rank)
             },
         );
         for (i, (lse, best, observed, stats, rank)) in parts.into_iter().enumerate() {
@@ -323,4 +338,41 @@ fn position_confidence(z: &[f32], y: i32) -> (f32, f32, f64, f32) {
     let plogp = tilt / sum - sum.ln();
     let neg_ce = if y >= 0 { z[y as usize] - lse } else { 0.0 };
     (lse, neg_ce, plogp, (1.0 / sum) as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Values with many ties, both zeros and −∞.
+    fn value() -> impl Strategy<Value = f32> {
+        prop_oneof![
+            8 => (-8i32..8).prop_map(|q| q as f32 * 0.5),
+            2 => -10.0f32..10.0,
+            1 => Just(-0.0f32),
+            1 => Just(f32::NEG_INFINITY),
+        ]
+    }
+
+    proptest! {
+        /// The one-pass selection equals a full sort by value (descending, `total_cmp`) then
+        /// id, and the rank counts the strictly larger entries.
+        #[test]
+        fn select_top_equals_a_full_sort(
+            z in prop::collection::vec(value(), 1..700),
+            k in 1usize..300,
+            y in 0usize..700,
+        ) {
+            let y = y % z.len();
+            let mut order = Vec::new();
+            let rank = select_top(&z, k, Some(y), &mut order);
+            let mut all: Vec<u32> = (0..z.len() as u32).collect();
+            all.sort_by(|&a, &b| z[b as usize].total_cmp(&z[a as usize]).then(a.cmp(&b)));
+            all.truncate(k.min(z.len()));
+            prop_assert_eq!(ids_of(&order), all);
+            let larger = z.iter().filter(|&&x| x > z[y]).count() as u32;
+            prop_assert_eq!(rank, 1 + larger);
+        }
+    }
 }

@@ -26,7 +26,7 @@ use axum::Router;
 use serde::Deserialize;
 use xtoken_core::loss::XTokenBackend;
 use xtoken_core::vocab::Vocabulary;
-use xtoken_kernels::host::{position_targets, PositionTargets};
+use xtoken_kernels::host::PositionTargets;
 use xtoken_models::{LoadOptions, Transformer};
 
 use crate::backend::{on_backend, OnBackend, TrainBackend};
@@ -264,12 +264,11 @@ fn run_batch<B: XTokenBackend>(
             let next: Vec<i32> = (0..n)
                 .map(|p| job.prompt.get(p + 1).map_or(-1, |&t| t as i32))
                 .collect();
-            position_targets::<B>(
+            B::xt_position_targets(
                 row.into_primitive().tensor(),
                 &next,
                 job.k.max(1),
                 1.0,
-                64,
                 true,
             )
             .map_err(|e| e.to_string())

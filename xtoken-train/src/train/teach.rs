@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 use xtoken_core::loss::XTokenBackend;
 use xtoken_core::vocab::Vocabulary;
-use xtoken_kernels::host::{position_targets, PositionTargets};
+use xtoken_kernels::host::PositionTargets;
 use xtoken_models::{HfConfig, LoadOptions, Transformer};
 
 use crate::backend::{on_backend, OnBackend, TrainBackend};
@@ -328,7 +328,7 @@ impl<B: XTokenBackend> TeacherPass<B> {
             let t = self.manifest.temperature as f32;
             let confidence = self.manifest.confidence;
             let logits = logits.into_primitive().tensor();
-            let found = position_targets::<B>(logits, &next, all.k, t, 64, confidence)
+            let found = B::xt_position_targets(logits, &next, all.k, t, confidence)
                 .map_err(|e| Error::Targets(format!("teacher {}: {e}", self.name)))?;
             all.ids.extend(found.ids);
             all.logp.extend(found.logp);

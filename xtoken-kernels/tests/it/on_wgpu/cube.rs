@@ -788,6 +788,101 @@ fn device_top_k_matches_the_host() {
     }
 }
 
+/// `xtoken teach`'s selection on the device (every row's top-K, its observed token's
+/// log-probability and rank, the confidence terms per row) gives the host's: the same ids and
+/// ranks, values within f32 rounding — tempered and not, with ties, −∞ logits and a row
+/// without a next token.
+#[test]
+fn device_position_targets_match_the_host() {
+    let device = Default::default();
+    for (case_index, (v, k, step, tau, confidence)) in [
+        (1237, 300, 0.0, 1.3, true),
+        (1000, 1, 0.0, 1.0, true),
+        (513, 64, 0.25, 0.7, false),
+        (700, 699, 0.5, 1.0, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (b, t) = (2, 7);
+        let n = b * t;
+        let mut logits: Vec<f32> = (0..n * v)
+            .map(|i| {
+                let x = 4.0 * unit(i as u64, 60 + case_index as u64);
+                if step > 0.0 {
+                    (x / step).round() * step
+                } else {
+                    x
+                }
+            })
+            .collect();
+        logits[3 * v + 5] = f32::NEG_INFINITY;
+        logits[4 * v + 1] = 40.0;
+        let next: Vec<i32> = (0..n)
+            .map(|r| if r % 5 == 4 { -1 } else { (r * 31 % v) as i32 })
+            .collect();
+        let data = TensorData::new(logits, [b, t, v]);
+        let on_device = Tensor::<Wgpu, 3>::from_data(data.clone(), &device);
+        let on_host = Tensor::<NdArray, 3>::from_data(data, &Default::default());
+        let got = <Wgpu>::xt_position_targets(
+            on_device.into_primitive().tensor(),
+            &next,
+            k,
+            tau,
+            confidence,
+        )
+        .unwrap();
+        let want = <NdArray>::xt_position_targets(
+            on_host.into_primitive().tensor(),
+            &next,
+            k,
+            tau,
+            confidence,
+        )
+        .unwrap();
+        let what = format!("V = {v}, K = {k}, τ = {tau}");
+        assert_eq!(got.k, want.k, "{what}");
+        assert_eq!(got.ids, want.ids, "{what}: ids");
+        assert_eq!(got.observed_rank, want.observed_rank, "{what}: ranks");
+        assert_close(&what, &got.logp, &want.logp, 2e-5);
+        assert_close(&what, &got.observed, &want.observed, 2e-5);
+        assert_eq!(
+            got.neg_entropy.len(),
+            if confidence { n } else { 0 },
+            "{what}"
+        );
+        assert_close(&what, &got.neg_ce, &want.neg_ce, 1e-5);
+        assert_close(&what, &got.max_prob, &want.max_prob, 1e-5);
+        for (a, b) in got.neg_entropy.iter().zip(&want.neg_entropy) {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "{what}: Σ p log p {a} vs {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_nan_in_a_stored_teachers_row_is_an_error_naming_it() {
+    let (t, v) = (5, 300);
+    let mut logits: Vec<f32> = (0..t * v).map(|i| unit(i as u64, 41)).collect();
+    logits[2 * v + 7] = f32::NAN;
+    let z = Tensor::<Wgpu, 3>::from_data(TensorData::new(logits, [1, t, v]), &Default::default());
+    let next = [1, 2, 3, 4, -1];
+    let err = <Wgpu>::xt_position_targets(z.into_primitive().tensor(), &next, 8, 1.0, false)
+        .expect_err("a NaN teacher logit must fail");
+    assert!(
+        matches!(
+            err,
+            KernelError::NonFinite {
+                side: "teacher",
+                row: 2
+            }
+        ),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_nan_in_a_teacher_row_is_an_error_naming_it() {
     let device = Default::default();
