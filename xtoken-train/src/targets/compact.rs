@@ -112,11 +112,18 @@ pub fn error_bound(largest: f32, range: f32, d: f32) -> f32 {
     (range - head) * (2.0 * t - 1.0) / (t * t) + rounding * 2.0
 }
 
-/// Appends the block of one position's entries (`ids` and their `values`, in any order).
-pub fn encode(ids: &[u32], values: &[f32], order: &mut Vec<u32>, out: &mut Vec<u8>) {
+/// Appends the block of one position's entries (`ids` and their `values`, in any order);
+/// `order` is scratch.
+pub fn encode(ids: &[u32], values: &[f32], order: &mut Vec<u64>, out: &mut Vec<u8>) {
+    // By id, as plain words: the id in the high half, the entry's index in the low half.
     order.clear();
-    order.extend(0..ids.len() as u32);
-    order.sort_unstable_by_key(|&i| ids[i as usize]);
+    order.extend(
+        ids.iter()
+            .enumerate()
+            .map(|(i, &id)| (u64::from(id) << 32) | i as u64),
+    );
+    order.sort_unstable();
+    let value = |w: u64| values[w as u32 as usize];
     let finite = || values.iter().copied().filter(|v| v.is_finite());
     let largest = finite().fold(f32::NEG_INFINITY, f32::max);
     let smallest = finite().fold(f32::INFINITY, f32::min);
@@ -126,8 +133,8 @@ pub fn encode(ids: &[u32], values: &[f32], order: &mut Vec<u32>, out: &mut Vec<u
         (0.0, 0.0)
     };
     let gaps = || {
-        order.iter().scan(-1i64, |last, &i| {
-            let id = ids[i as usize] as i64;
+        order.iter().scan(-1i64, |last, &w| {
+            let id = (w >> 32) as i64;
             let gap = (id - *last - 1) as u64;
             *last = id;
             Some(gap)
@@ -138,12 +145,12 @@ pub fn encode(ids: &[u32], values: &[f32], order: &mut Vec<u32>, out: &mut Vec<u
     let scale = Scale::new(largest, range, infinite);
     let keys: Vec<u32> = order
         .iter()
-        .map(|&i| match values[i as usize] {
+        .map(|&w| match value(w) {
             v if v.is_finite() => scale.key(largest - v),
             _ => KEYS as u32,
         })
         .collect();
-    let shift = tail_shift(&keys, order, values, largest, scale);
+    let shift = tail_shift(&keys, values, largest, scale);
     out.extend_from_slice(&largest.to_le_bytes());
     out.extend_from_slice(&range.to_le_bytes());
     out.extend_from_slice(&f16::from_f32(shift).to_le_bytes());
@@ -166,21 +173,26 @@ pub fn encode(ids: &[u32], values: &[f32], order: &mut Vec<u32>, out: &mut Vec<u
 }
 
 /// The shift of every tail value that makes the decoded kept mass the exact one: the log of
-/// the exact mass less the decoded head's over the decoded tail's (0 without a tail).
-fn tail_shift(keys: &[u32], order: &[u32], values: &[f32], largest: f32, scale: Scale) -> f32 {
-    let (mut exact, mut head, mut tail) = (0.0f64, 0.0f64, 0.0f64);
-    for (&key, &i) in keys.iter().zip(order) {
-        let v = values[i as usize];
-        if !v.is_finite() {
-            continue;
-        }
-        exact += ((v - largest) as f64).exp();
-        let decoded = (-(scale.depth(key) as f64)).exp();
+/// the exact mass less the decoded head's over the decoded tail's (0 without a tail). The
+/// tail's decoded mass is summed per code (one `exp` a code, not an entry).
+fn tail_shift(keys: &[u32], values: &[f32], largest: f32, scale: Scale) -> f32 {
+    let exact: f64 = values
+        .iter()
+        .filter(|v| v.is_finite())
+        .map(|&v| (v - largest).exp() as f64)
+        .sum();
+    let mut head = 0.0f64;
+    let mut per_code = [0u32; (TOP + 1) as usize];
+    for &key in keys.iter().filter(|&&key| key < KEYS as u32) {
         match key <= FINE {
-            true => head += decoded,
-            false => tail += decoded,
+            true => head += (-(scale.depth(key) as f64)).exp(),
+            false => per_code[(key - FINE) as usize] += 1,
         }
     }
+    let tail: f64 = (1..=scale.top)
+        .filter(|&c| per_code[c as usize] > 0)
+        .map(|c| per_code[c as usize] as f64 * (-(scale.tail(c) as f64)).exp())
+        .sum();
     if tail <= 0.0 || exact <= head {
         return 0.0;
     }
@@ -209,28 +221,37 @@ pub fn decode(
     let rice = (flags & 0x1f) as u32;
     let scale = Scale::new(largest, range, flags & NEG_INF != 0);
     let mut bits = BitReader::new(&block[BLOCK_HEADER..]);
+    let (from_ids, from_values, from_keys) = (ids.len(), values.len(), keys.len());
+    ids.resize(from_ids + n, 0);
+    values.resize(from_values + n, f32::NEG_INFINITY);
+    keys.resize(from_keys + n, (KEYS - 1) as u16);
     let mut last = -1i64;
-    for _ in 0..n {
+    for id in &mut ids[from_ids..] {
         last += bits.rice(rice) as i64 + 1;
-        ids.push(last.clamp(0, u32::MAX as i64) as u32);
+        *id = last.clamp(0, u32::MAX as i64) as u32;
     }
-    for _ in 0..n {
-        let code = bits.take(VALUE_BITS) as u32;
-        let key = match code {
-            0 => bits.take(HEAD_BITS) as u32,
-            c if c > scale.top => {
-                keys.push((KEYS - 1) as u16);
-                values.push(f32::NEG_INFINITY);
-                continue;
+    // Every tail code's value, once a block (the square law and the shift).
+    let mut tail = [f32::NEG_INFINITY; (TOP + 1) as usize];
+    for c in 1..=scale.top {
+        tail[c as usize] = largest - scale.depth(FINE + c) + shift;
+    }
+    let decoded = values[from_values..].iter_mut().zip(&mut keys[from_keys..]);
+    for (value, key) in decoded {
+        match bits.take(VALUE_BITS) as u32 {
+            0 => {
+                let fine = bits.take(HEAD_BITS) as u32;
+                *key = fine as u16;
+                *value = match fine {
+                    0 => largest,
+                    f => largest - scale.depth(f),
+                };
             }
-            c => FINE + c,
-        };
-        keys.push(key as u16);
-        values.push(match key {
-            0 => largest,
-            k if k <= FINE => largest - scale.depth(k),
-            k => largest - scale.depth(k) + shift,
-        });
+            c if c > scale.top => {}
+            c => {
+                *key = (FINE + c) as u16;
+                *value = tail[c as usize];
+            }
+        }
     }
 }
 

@@ -45,7 +45,7 @@ pub struct ShardWriter {
     body: Vec<u8>,
     index: Vec<(u64, u64, u64)>,
     scratch: Vec<f32>,
-    order: Vec<u32>,
+    order: Vec<u64>,
 }
 
 impl ShardWriter {

@@ -293,7 +293,7 @@ impl Seeded<'_> {
         Ok((self.score(regime, method, &out, final_loss)?, curve))
     }
 
-    /// `--stored`: the regime's teacher stored at top-64 in 8 bits (`xtoken teach`), and the
+    /// `--stored`: the regime's teacher stored at top-64, compact (`xtoken teach`), and the
     /// audit's pick `pick` distilled from the store.
     fn stored_student(&self, regime: Regime, pick: &str) -> Result<(MethodResult, Points)> {
         let (_, loss, alpha) = METHODS
