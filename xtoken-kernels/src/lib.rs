@@ -153,7 +153,7 @@ pub trait XTokenBackend: Backend {
         tau: f32,
         confidence: bool,
     ) -> Result<host::PositionTargets, KernelError> {
-        host::position_targets::<Self>(logits, next, top_k, tau, 64, confidence)
+        host::position_targets::<Self>(logits, next, top_k, tau, host::ROW_CHUNK, confidence)
     }
 
     /// Evaluates a distillation loss on the student logits `[B, T_S, V_S]` against the
@@ -375,16 +375,7 @@ where
         logits: FloatTensor<Self>,
         spec: &EntriesSpec,
     ) -> Result<TeacherEntries<Self>, KernelError> {
-        let Some(src) = ndarray_rows(&logits) else {
-            return host::teacher_entries::<Self>(logits, spec);
-        };
-        let found = host::teacher_entries_from(&src, spec)?;
-        let vocab = src.shape()[2];
-        Ok(host::entries_to_device::<Self>(
-            &found,
-            vocab,
-            &Default::default(),
-        ))
+        entries_in_place::<Self>(logits, ndarray_rows, spec)
     }
 
     fn xt_position_targets(
@@ -394,10 +385,8 @@ where
         tau: f32,
         confidence: bool,
     ) -> Result<host::PositionTargets, KernelError> {
-        let Some(src) = ndarray_rows(&logits) else {
-            return host::position_targets::<Self>(logits, next, top_k, tau, 64, confidence);
-        };
-        host::position_targets_from(&src, next, top_k, tau, 64, confidence)
+        let request = (next, top_k, tau, confidence);
+        position_targets_in_place::<Self>(logits, ndarray_rows, request)
     }
 
     fn xt_distill(
@@ -516,6 +505,40 @@ where
 }
 
 /// Uploads a result computed from f32 logits read in place.
+/// The teacher's entries of logits that `rows` finds in host memory, read in place; others
+/// take the portable path.
+fn entries_in_place<B: Backend>(
+    logits: FloatTensor<B>,
+    rows: fn(&FloatTensor<B>) -> Option<host::SliceRows<'_>>,
+    spec: &EntriesSpec,
+) -> Result<TeacherEntries<B>, KernelError> {
+    let Some(src) = rows(&logits) else {
+        return host::teacher_entries::<B>(logits, spec);
+    };
+    let found = host::teacher_entries_from(&src, spec)?;
+    let vocab = src.shape()[2];
+    Ok(host::entries_to_device::<B>(
+        &found,
+        vocab,
+        &Default::default(),
+    ))
+}
+
+/// [`XTokenBackend::xt_position_targets`] of logits that `rows` finds in host memory, read in
+/// place; others take the portable path. `request`: the next tokens, top-K, τ and whether the
+/// confidence terms are wanted.
+fn position_targets_in_place<B: Backend>(
+    logits: FloatTensor<B>,
+    rows: fn(&FloatTensor<B>) -> Option<host::SliceRows<'_>>,
+    (next, top_k, tau, confidence): (&[i32], usize, f32, bool),
+) -> Result<host::PositionTargets, KernelError> {
+    let chunk = host::ROW_CHUNK;
+    let Some(src) = rows(&logits) else {
+        return host::position_targets::<B>(logits, next, top_k, tau, chunk, confidence);
+    };
+    host::position_targets_from(&src, next, top_k, tau, chunk, confidence)
+}
+
 fn in_place_output<B: Backend>(found: host::HostLoss, src: &host::SliceRows<'_>) -> LossOutput<B> {
     let f32 = burn::tensor::DType::F32;
     let dtypes = host::OutputDtypes {
@@ -552,16 +575,7 @@ impl XTokenBackend for burn_flex::Flex {
         logits: FloatTensor<Self>,
         spec: &EntriesSpec,
     ) -> Result<TeacherEntries<Self>, KernelError> {
-        let Some(src) = flex_rows(&logits) else {
-            return host::teacher_entries::<Self>(logits, spec);
-        };
-        let found = host::teacher_entries_from(&src, spec)?;
-        let vocab = src.shape()[2];
-        Ok(host::entries_to_device::<Self>(
-            &found,
-            vocab,
-            &Default::default(),
-        ))
+        entries_in_place::<Self>(logits, flex_rows, spec)
     }
 
     fn xt_position_targets(
@@ -571,10 +585,8 @@ impl XTokenBackend for burn_flex::Flex {
         tau: f32,
         confidence: bool,
     ) -> Result<host::PositionTargets, KernelError> {
-        let Some(src) = flex_rows(&logits) else {
-            return host::position_targets::<Self>(logits, next, top_k, tau, 64, confidence);
-        };
-        host::position_targets_from(&src, next, top_k, tau, 64, confidence)
+        let request = (next, top_k, tau, confidence);
+        position_targets_in_place::<Self>(logits, flex_rows, request)
     }
 
     fn xt_distill(

@@ -42,7 +42,7 @@ pub(super) fn teacher_entries<B: Cube<R>, R: CubeRuntime>(
     };
     let launcher = Launcher::of(&z, slots * k);
     let plan = PlanArrays::new(&spec.merge, &launcher);
-    let top = top_entries(&launcher, &z, &plan, (slots, v, k, 1.0 / spec.tau));
+    let top = top_entries(&launcher, &z, &plan, (slots, v, k, 1.0 / spec.tau))?;
     let (ids, logp, bad) = (top.ids, top.logp, top.bad);
     let rows = spec.merge.rows_read();
     check_rows::<B, R>(&launcher, (bad, rows), (&logp, f32::INFINITY), "teacher")?;
@@ -75,7 +75,7 @@ fn top_entries<R: CubeRuntime>(
     z: &CubeTensor<R>,
     plan: &PlanArrays<R>,
     (slots, v, k, tau_inv): (usize, usize, usize, f32),
-) -> Top<R> {
+) -> Result<Top<R>, KernelError> {
     let n = z.meta.shape.num_elements() / v.max(1);
     let split = Split {
         keep: k,
@@ -88,7 +88,10 @@ fn top_entries<R: CubeRuntime>(
     let RowLse {
         lse, bad, splits, ..
     } = row_lse(launcher, z, (n, v, tau_inv), pass);
-    let splits = splits.unwrap_or_else(|| launcher.zeros(n * 3, DType::U32));
+    let splits = splits.ok_or_else(|| KernelError::Invalid {
+        what: "teacher logits",
+        why: "the row pass returned no top-K split".into(),
+    })?;
     let sigma = merge_shifts(launcher, z, &lse, plan, (slots, v, tau_inv));
     let ids = launcher.zeros_of(Shape::new([slots, k]), DType::I32);
     let logp = launcher.empty(Shape::new([slots, k]), DType::F32);
@@ -114,12 +117,12 @@ fn top_entries<R: CubeRuntime>(
         values: &logp,
     };
     top_k(launcher, z, plan, to, (v, k, tau_inv));
-    Top {
+    Ok(Top {
         ids,
         logp,
         lse,
         bad,
-    }
+    })
 }
 
 /// [`PositionTargets`] of `[B, T, V]` logits where they lie: each row's top-K by the training
@@ -140,7 +143,7 @@ pub(super) fn position_targets<B: Cube<R>, R: CubeRuntime>(
     let n = b * t;
     checked_targets(next, n, v, "teacher next tokens")?;
     if n == 0 || v == 0 {
-        return host::position_targets::<B>(z, next, top_k, tau, 64, confidence);
+        return host::position_targets::<B>(z, next, top_k, tau, host::ROW_CHUNK, confidence);
     }
     let k = top_k.min(v).max(1);
     let tau_inv = 1.0 / tau;
@@ -151,7 +154,7 @@ pub(super) fn position_targets<B: Cube<R>, R: CubeRuntime>(
         continuation: Vec::new(),
     };
     let plan = PlanArrays::new(&each_row, &launcher);
-    let top = top_entries(&launcher, &z, &plan, (n, v, k, tau_inv));
+    let top = top_entries(&launcher, &z, &plan, (n, v, k, tau_inv))?;
     let all_rows = 0..n as u32;
     check_rows::<B, R>(
         &launcher,

@@ -35,6 +35,6 @@ pub use merge::log_sum_exp;
 pub use rows::{Block, LogitRows, SliceRows, TensorRows};
 pub use teacher::{
     entries_to_device, position_targets, position_targets_from, teacher_entries,
-    teacher_entries_from, HostEntries, PositionTargets,
+    teacher_entries_from, HostEntries, PositionTargets, ROW_CHUNK,
 };
 pub use transpose::transpose;

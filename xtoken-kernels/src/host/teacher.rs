@@ -235,6 +235,13 @@ pub struct PositionTargets {
     pub observed_rank: Vec<u32>,
 }
 
+/// One row's place in [`PositionTargets`]: its ids and values.
+type RowOut<'a> = (&'a mut [u32], &'a mut [f32]);
+
+/// Rows of logits a stored or served teacher's pass reads at a time (on a backend whose
+/// logits are not host memory, each chunk is one copy to the host).
+pub const ROW_CHUNK: usize = 64;
+
 /// [`PositionTargets`] of every row of `src`; `next[r]` is row `r`'s observed next token
 /// (`-1`: none). Without `confidence`, the confidence terms are neither computed nor kept
 /// (their vectors stay empty): a row is then read once for its top-K and the observed token's
@@ -254,22 +261,32 @@ pub fn position_targets_from<S: LogitRows>(
     let k = top_k.min(vt).max(1);
     let mut out = PositionTargets {
         k,
-        ids: Vec::with_capacity(n * k),
-        logp: Vec::with_capacity(n * k),
+        ids: vec![0; n * k],
+        logp: vec![f32::NEG_INFINITY; n * k],
         ..Default::default()
     };
-    let all: Vec<u32> = (0..n as u32).collect();
+    // Each row's entries are written in place, on every core.
+    let mut outputs: Vec<RowOut<'_>> = out.ids.chunks_mut(k).zip(out.logp.chunks_mut(k)).collect();
+    let mut found = Vec::with_capacity(n);
     let mut scratches = Vec::new();
-    for rows in all.chunks(row_chunk.max(1)) {
-        let block = src.read(rows, "teacher")?;
-        let mut items: Vec<(usize, u32)> = rows.iter().copied().enumerate().collect();
+    let row_chunk = row_chunk.max(1);
+    for (c, chunk) in outputs.chunks_mut(row_chunk).enumerate() {
+        let rows: Vec<u32> = (0..chunk.len())
+            .map(|i| (c * row_chunk + i) as u32)
+            .collect();
+        let block = src.read(&rows, "teacher")?;
+        let mut items: Vec<(usize, u32, &mut RowOut<'_>)> = chunk
+            .iter_mut()
+            .enumerate()
+            .map(|(i, o)| (i, rows[i], o))
+            .collect();
         let parts = par_items(
             &mut items,
             &mut scratches,
             || Vec::<u64>::with_capacity(vt),
-            |order, &mut (i, row)| {
-                let z = block.row(i, row, vt);
-                let y = next[row as usize];
+            |order, (i, row, (ids, logp))| {
+                let z = block.row(*i, *row, vt);
+                let y = next[*row as usize];
                 let rank = select_top(z, k, usize::try_from(y).ok(), order);
                 let stats = confidence.then(|| position_confidence(z, y));
                 // At τ = 1 the confidence pass's log-sum-exp is the tempered one, bit for bit.
@@ -277,28 +294,31 @@ pub fn position_targets_from<S: LogitRows>(
                     Some((lse, ..)) if tau_inv == 1.0 => lse,
                     _ => log_sum_exp(z, tau_inv),
                 };
+                for ((id, l), &key) in ids.iter_mut().zip(logp.iter_mut()).zip(order.iter()) {
+                    *id = key as u32;
+                    *l = z[*id as usize] * tau_inv - lse;
+                }
                 let observed = if y >= 0 {
                     z[y as usize] * tau_inv - lse
                 } else {
                     0.0
                 };
-                (lse, ids_of(order), observed, stats, rank)
+                (lse, observed, stats, rank)
             },
         );
-        for (i, (lse, best, observed, stats, rank)) in parts.into_iter().enumerate() {
-            finite(lse, "teacher", rows[i])?;
-            let z = block.row(i, rows[i], vt);
-            out.logp
-                .extend(best.iter().map(|&t| z[t as usize] * tau_inv - lse));
-            out.ids.extend(best);
-            out.observed.push(observed);
-            if let Some((_, neg_ce, plogp, maxp)) = stats {
-                out.neg_ce.push(neg_ce);
-                out.neg_entropy.push(plogp);
-                out.max_prob.push(maxp);
-            }
-            out.observed_rank.push(rank);
+        for (i, part) in parts.into_iter().enumerate() {
+            finite(part.0, "teacher", rows[i])?;
+            found.push(part);
         }
+    }
+    for (_, observed, stats, rank) in found {
+        out.observed.push(observed);
+        if let Some((_, neg_ce, plogp, maxp)) = stats {
+            out.neg_ce.push(neg_ce);
+            out.neg_entropy.push(plogp);
+            out.max_prob.push(maxp);
+        }
+        out.observed_rank.push(rank);
     }
     Ok(out)
 }

@@ -1,10 +1,12 @@
 //! A counting global allocator, so `xtoken bench loss` can report the peak heap of one
 //! evaluation, and a command can be held to a memory cap. It counts only once a benchmark calls
-//! [`enable`] or a cap is set: the counters are shared by every thread, and their cache line
-//! bouncing between cores halved the throughput of the alignment threads when every command
-//! counted.
+//! [`enable`] or a cap is set. The counters are shared by every thread, and their cache line
+//! bouncing between cores halved the throughput of the alignment threads (whose tokenizers make
+//! many small allocations): each thread therefore gathers its small changes and adds them to
+//! the shared count once they reach [`BATCH_BYTES`] either way.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicUsize, Ordering};
 
@@ -15,6 +17,33 @@ static COUNTING: AtomicBool = AtomicBool::new(false);
 /// Net bytes allocated since counting began (negative after freeing older blocks).
 static CURRENT: AtomicIsize = AtomicIsize::new(0);
 static PEAK: AtomicIsize = AtomicIsize::new(0);
+
+/// A thread's net change in bytes that it adds to [`CURRENT`] at once: the count lags the heap
+/// by less than this per thread, and an allocation this large or larger is counted as it
+/// happens.
+pub const BATCH_BYTES: isize = 64 << 10;
+
+thread_local! {
+    /// This thread's net change not yet in [`CURRENT`] (a `const` cell: reading it neither
+    /// allocates nor registers a destructor, as an allocator requires).
+    static PENDING: Cell<isize> = const { Cell::new(0) };
+}
+
+/// `bytes` (negative: freed) added to this thread's pending change; the change to add to
+/// [`CURRENT`] now, if it reached [`BATCH_BYTES`] either way.
+fn batched(bytes: isize) -> Option<isize> {
+    let gathered = PENDING.try_with(|pending| {
+        let total = pending.get() + bytes;
+        if total.abs() < BATCH_BYTES {
+            pending.set(total);
+            return None;
+        }
+        pending.set(0);
+        Some(total)
+    });
+    // A thread past its locals' end counts at once.
+    gathered.unwrap_or(Some(bytes))
+}
 
 /// The heap's cap in bytes (`usize::MAX`: none).
 static CAP: AtomicUsize = AtomicUsize::new(usize::MAX);
@@ -85,8 +114,11 @@ pub fn cap(bytes: u64) {
 }
 
 fn grew(bytes: usize) {
-    if COUNTING.load(Ordering::Relaxed) {
-        let now = CURRENT.fetch_add(bytes as isize, Ordering::Relaxed) + bytes as isize;
+    if !COUNTING.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(change) = batched(bytes as isize) {
+        let now = CURRENT.fetch_add(change, Ordering::Relaxed) + change;
         PEAK.fetch_max(now, Ordering::Relaxed);
         let past = now > 0 && now as usize > CAP.load(Ordering::Relaxed);
         // Once over, the allocations made while the process ends go through unchecked.
@@ -191,8 +223,11 @@ fn end_out_of_memory(write: impl FnOnce(&mut Fixed) -> std::io::Result<()>) -> !
 }
 
 fn shrank(bytes: usize) {
-    if COUNTING.load(Ordering::Relaxed) {
-        CURRENT.fetch_sub(bytes as isize, Ordering::Relaxed);
+    if !COUNTING.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(change) = batched(-(bytes as isize)) {
+        CURRENT.fetch_add(change, Ordering::Relaxed);
     }
 }
 
@@ -283,4 +318,25 @@ pub fn peak() -> isize {
 /// Bytes the heap grew by at its highest since [`reset_peak`] was called at `base`.
 pub fn peak_above(base: isize) -> usize {
     (peak() - base).max(0) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Small changes gather on their thread until they reach the batch either way; a large one
+    /// is counted at once with what had gathered.
+    #[test]
+    fn small_changes_gather_and_large_ones_count_at_once() {
+        std::thread::spawn(|| {
+            assert_eq!(batched(100), None);
+            assert_eq!(batched(-40), None);
+            assert_eq!(batched(BATCH_BYTES), Some(BATCH_BYTES + 60));
+            assert_eq!(batched(-(BATCH_BYTES - 1)), None);
+            assert_eq!(batched(-1), Some(-BATCH_BYTES));
+            assert_eq!(batched(7), None);
+        })
+        .join()
+        .expect("the counting thread");
+    }
 }

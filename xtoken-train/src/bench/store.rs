@@ -430,11 +430,10 @@ fn store_and_read(
         Layout::Ours(ValueDtype::Compact) => {
             let mut block = Vec::new();
             compact::encode(ids, exact, &mut Vec::new(), &mut block);
-            let (mut sorted, mut values, mut codes) = (Vec::new(), Vec::new(), Vec::new());
-            compact::decode(&block, k, &mut sorted, &mut values, &mut codes);
-            // Back to the exact values' order (by id).
-            let mut by_id: Vec<(u32, f32)> = sorted.into_iter().zip(values).collect();
-            by_id.sort_unstable_by_key(|e| e.0);
+            let mut read = compact::Decoded::default();
+            read.read(&block, k);
+            // Back to the exact values' order (by id, as decoded).
+            let by_id: Vec<(u32, f32)> = read.ids.into_iter().zip(read.values).collect();
             let decoded = ids
                 .iter()
                 .map(|id| {
@@ -448,8 +447,8 @@ fn store_and_read(
         Layout::Ours(dtype) => {
             let mut bytes = Vec::new();
             dtype.encode(exact, &mut bytes);
-            let mut decoded = Vec::new();
-            dtype.decode(&bytes, k, &mut decoded);
+            let mut decoded = vec![0f32; k];
+            dtype.decode(&bytes, &mut decoded);
             Ok((decoded, 4 * k + bytes.len()))
         }
         Layout::DistillKit { exact: head, terms } => {

@@ -735,7 +735,7 @@ fn timed_steps(config: RunConfig) -> Result<Timed> {
     Ok(on_backend(kind, &[], steps)?)
 }
 
-/// The student tokens/s a run's loader delivers on its own for 5 s, fed by its served teacher,
+/// The student tokens/s a run's loader delivers on its own once warm, fed by its served teacher,
 /// and the answers' bytes per teacher token.
 fn served_loader_rate(config: &RunConfig) -> Result<(f64, f64)> {
     let inputs = xtoken_train::train::inputs::RunInputs::load(config, false)?;
@@ -748,11 +748,16 @@ fn served_loader_rate(config: &RunConfig) -> Result<(f64, f64)> {
     Ok((rate, bytes as f64 / tokens.max(1) as f64))
 }
 
+/// Seconds a loader runs before its rate is measured, and seconds it is measured over (long
+/// enough to take in the stream's bursts of work as it tops its queue up).
+const LOADER_WARM_UP_S: f64 = 10.0;
+const LOADER_MEASURED_S: f64 = 10.0;
+
 /// Student tokens/s one H100 trains at in the PyTorch eager step this project measures against
 /// (1B student, 4B teacher, 4096 tokens).
 const NEED: f64 = 11_600.0;
 
-/// The student tokens/s a run's loader delivers on its own for 5 s (the first step left out),
+/// The student tokens/s a run's loader delivers on its own once warm ([`LOADER_WARM_UP_S`]),
 /// with `store` merged for its teacher.
 fn loader_rate(
     config: &RunConfig,
@@ -790,7 +795,7 @@ fn copy_bandwidth() -> f64 {
     2.0 * 4.0 * from.len() as f64 / started.elapsed().as_secs_f64()
 }
 
-/// The student tokens/s a run's loader delivers on its own for 5 s (the first step left out),
+/// The student tokens/s a run's loader delivers on its own once warm ([`LOADER_WARM_UP_S`]),
 /// with `host`'s entries merged for its teacher.
 fn loader_rate_of(
     config: &RunConfig,
@@ -799,8 +804,15 @@ fn loader_rate_of(
 ) -> Result<(f64, f64)> {
     let mut loader = xtoken_train::train::run::open_loader(config, inputs, vec![host])?;
     loader.next_step()?;
+    // Until the stream's workers have filled their queue (batches of up to 1 MiB of text,
+    // `data.prefetch` of them ahead), they take the cores the merge would use: the rate of a
+    // long run is the one after that.
+    let warm = Instant::now();
+    while warm.elapsed().as_secs_f64() < LOADER_WARM_UP_S {
+        loader.next_step()?;
+    }
     let (started, mut tokens, mut bytes) = (Instant::now(), 0usize, 0usize);
-    while started.elapsed().as_secs_f64() < 5.0 {
+    while started.elapsed().as_secs_f64() < LOADER_MEASURED_S {
         let step = loader.next_step()?;
         tokens += step.micro.iter().map(|m| m.tokens).sum::<usize>();
         let stored = step.micro.iter().flat_map(|m| &m.teachers);

@@ -201,104 +201,122 @@ fn tail_shift(keys: &[u32], values: &[f32], largest: f32, scale: Scale) -> f32 {
     f16::from_f32(shift).to_f32()
 }
 
-/// Decodes the `n` entries of a block, sorted by id: ids into `ids`, values into `values`,
-/// order keys (0 for the largest; smaller is larger) into `keys`.
-pub fn decode(
-    block: &[u8],
-    n: usize,
-    ids: &mut Vec<u32>,
-    values: &mut Vec<f32>,
-    keys: &mut Vec<u16>,
-) {
-    if block.len() < BLOCK_HEADER {
-        return;
-    }
-    let word =
-        |at: usize| f32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
-    let (largest, range) = (word(0), word(4));
-    let shift = f16::from_le_bytes([block[8], block[9]]).to_f32();
-    let flags = block[10];
-    let rice = (flags & 0x1f) as u32;
-    let scale = Scale::new(largest, range, flags & NEG_INF != 0);
-    let mut bits = BitReader::new(&block[BLOCK_HEADER..]);
-    let (from_ids, from_values, from_keys) = (ids.len(), values.len(), keys.len());
-    ids.resize(from_ids + n, 0);
-    values.resize(from_values + n, f32::NEG_INFINITY);
-    keys.resize(from_keys + n, (KEYS - 1) as u16);
-    let mut last = -1i64;
-    for id in &mut ids[from_ids..] {
-        last += bits.rice(rice) as i64 + 1;
-        *id = last.clamp(0, u32::MAX as i64) as u32;
-    }
-    // Every tail code's value, once a block (the square law and the shift).
-    let mut tail = [f32::NEG_INFINITY; (TOP + 1) as usize];
-    for c in 1..=scale.top {
-        tail[c as usize] = largest - scale.depth(FINE + c) + shift;
-    }
-    let decoded = values[from_values..].iter_mut().zip(&mut keys[from_keys..]);
-    for (value, key) in decoded {
-        match bits.take(VALUE_BITS) as u32 {
-            0 => {
-                let fine = bits.take(HEAD_BITS) as u32;
-                *key = fine as u16;
-                *value = match fine {
-                    0 => largest,
-                    f => largest - scale.depth(f),
-                };
-            }
-            c if c > scale.top => {}
-            c => {
-                *key = (FINE + c) as u16;
-                *value = tail[c as usize];
-            }
+/// A decoded block (its entries sorted by id: ids, values and order keys, 0 for the largest
+/// and smaller for larger), and the scratch that orders it; kept between blocks so that
+/// reading one allocates nothing.
+#[derive(Debug)]
+pub struct Decoded {
+    /// Ids, ascending.
+    pub ids: Vec<u32>,
+    /// Each id's value.
+    pub values: Vec<f32>,
+    /// Each id's order key.
+    pub keys: Vec<u16>,
+    /// The head's entries (their places above), in id order.
+    head: Vec<u32>,
+    /// Entries per tail code (`−∞`'s last).
+    counts: [usize; (TOP + 2) as usize],
+}
+
+impl Default for Decoded {
+    fn default() -> Self {
+        Self {
+            ids: Vec::new(),
+            values: Vec::new(),
+            keys: Vec::new(),
+            head: Vec::new(),
+            counts: [0; (TOP + 2) as usize],
         }
     }
 }
 
-/// The first `k` of a decoded block's entries, best first (ties: the smaller id), appended to
-/// `ids` and `values`: the head (few entries) sorted by its fine codes, then the tail by a
-/// counting sort on its codes.
-pub fn best_first(
-    sorted_ids: &[u32],
-    sorted_values: &[f32],
-    keys: &[u16],
-    k: usize,
-    ids: &mut Vec<u32>,
-    values: &mut Vec<f32>,
-) {
-    let k = k.min(keys.len());
-    let mut head: Vec<u32> = (0..keys.len() as u32)
-        .filter(|&j| keys[j as usize] as u32 <= FINE)
-        .collect();
-    // Stable: equal codes keep the ids' order.
-    head.sort_by_key(|&j| keys[j as usize]);
-    let mut start = [0usize; (TOP + 2) as usize];
-    keys.iter()
-        .filter(|&&c| c as u32 > FINE)
-        .for_each(|&c| start[(c as u32 - FINE) as usize] += 1);
-    let mut sum = head.len();
-    for s in start.iter_mut() {
-        let count = *s;
-        *s = sum;
-        sum += count;
-    }
-    let (from_ids, from_values) = (ids.len(), values.len());
-    ids.resize(from_ids + k, 0);
-    values.resize(from_values + k, f32::NEG_INFINITY);
-    for (at, &j) in head.iter().take(k).enumerate() {
-        ids[from_ids + at] = sorted_ids[j as usize];
-        values[from_values + at] = sorted_values[j as usize];
-    }
-    for ((&c, &id), &v) in keys.iter().zip(sorted_ids).zip(sorted_values) {
-        if c as u32 <= FINE {
-            continue;
+impl Decoded {
+    /// Decodes the `n` entries of `block` in place of what this held.
+    pub fn read(&mut self, block: &[u8], n: usize) {
+        self.ids.clear();
+        self.values.clear();
+        self.keys.clear();
+        self.head.clear();
+        self.counts = [0; (TOP + 2) as usize];
+        if block.len() < BLOCK_HEADER {
+            return;
         }
-        let at = &mut start[(c as u32 - FINE) as usize];
-        if *at < k {
-            ids[from_ids + *at] = id;
-            values[from_values + *at] = v;
+        let word = |at: usize| {
+            f32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]])
+        };
+        let (largest, range) = (word(0), word(4));
+        let shift = f16::from_le_bytes([block[8], block[9]]).to_f32();
+        let flags = block[10];
+        let rice = (flags & 0x1f) as u32;
+        let scale = Scale::new(largest, range, flags & NEG_INF != 0);
+        let mut bits = BitReader::new(&block[BLOCK_HEADER..]);
+        self.ids.resize(n, 0);
+        self.values.resize(n, f32::NEG_INFINITY);
+        self.keys.resize(n, (KEYS - 1) as u16);
+        let mut last = -1i64;
+        for id in &mut self.ids {
+            last += bits.rice(rice) as i64 + 1;
+            *id = last.clamp(0, u32::MAX as i64) as u32;
         }
-        *at += 1;
+        // Every code's value, once a block: the head's first (the largest, exact), the tail's
+        // square law with the shift.
+        let mut tail = [f32::NEG_INFINITY; (TOP + 1) as usize];
+        for c in 1..=scale.top {
+            tail[c as usize] = largest - scale.depth(FINE + c) + shift;
+        }
+        let entries = self.values.iter_mut().zip(&mut self.keys);
+        for (j, (value, key)) in entries.enumerate() {
+            match bits.take(VALUE_BITS) as u32 {
+                0 => {
+                    let fine = bits.take(HEAD_BITS) as u32;
+                    *key = fine as u16;
+                    *value = match fine {
+                        0 => largest,
+                        f => largest - scale.depth(f),
+                    };
+                    self.head.push(j as u32);
+                }
+                c if c > scale.top => self.counts[TOP as usize + 1] += 1,
+                c => {
+                    *key = (FINE + c) as u16;
+                    *value = tail[c as usize];
+                    self.counts[c as usize] += 1;
+                }
+            }
+        }
+    }
+
+    /// The best `ids.len()` entries (at most all), best first (ties: the smaller id), into
+    /// `ids` and `values`: the head (few entries) sorted by its fine codes, then the tail by a
+    /// counting sort on its codes (counted as it was read). Slots past the block's entries are
+    /// left as they are.
+    pub fn best_first(&mut self, ids: &mut [u32], values: &mut [f32]) {
+        let k = ids.len().min(values.len()).min(self.keys.len());
+        let keys = &self.keys;
+        // Stable: equal codes keep the ids' order.
+        self.head.sort_by_key(|&j| keys[j as usize]);
+        for (at, &j) in self.head.iter().take(k).enumerate() {
+            ids[at] = self.ids[j as usize];
+            values[at] = self.values[j as usize];
+        }
+        if self.head.len() >= k {
+            return;
+        }
+        let mut start = [0usize; (TOP + 2) as usize];
+        let mut sum = self.head.len();
+        for (s, &count) in start.iter_mut().zip(&self.counts).skip(1) {
+            *s = sum;
+            sum += count;
+        }
+        let entries = keys.iter().zip(&self.ids).zip(&self.values);
+        for ((&c, &id), &v) in entries.filter(|e| *e.0 .0 as u32 > FINE) {
+            let at = &mut start[(c as u32 - FINE) as usize];
+            if *at < k {
+                ids[*at] = id;
+                values[*at] = v;
+            }
+            *at += 1;
+        }
     }
 }
 
@@ -362,50 +380,89 @@ impl<'a> BitWriter<'a> {
     }
 }
 
-/// Bits read least significant first; past the end they read as zero.
+/// Bits read least significant first through a 64-bit buffer, topped up eight bytes at a
+/// time; past the end they read as zero.
 struct BitReader<'a> {
     bytes: &'a [u8],
-    at: usize,
+    /// The next byte to load.
+    next: usize,
+    buf: u64,
+    /// Bits of `buf` that are the stream's next ones (those above are its following bits or
+    /// zero).
+    avail: u32,
 }
 
 impl<'a> BitReader<'a> {
     fn new(bytes: &'a [u8]) -> Self {
-        Self { bytes, at: 0 }
+        let mut reader = Self {
+            bytes,
+            next: 0,
+            buf: 0,
+            avail: 0,
+        };
+        reader.refill();
+        reader
     }
 
-    /// The next 57 bits or more, without consuming them.
-    fn peek(&self) -> u64 {
-        let byte = self.at / 8;
-        let word = match self.bytes.get(byte..byte + 8) {
-            Some(b) => u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
-            None => {
+    /// Tops the buffer up to 56 bits or more.
+    #[inline]
+    fn refill(&mut self) {
+        let word = match self.bytes.get(self.next..self.next + 8) {
+            Some(&[a, b, c, d, e, f, g, h]) => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
+            _ => {
                 let mut b = [0u8; 8];
-                let rest = self.bytes.get(byte..).unwrap_or(&[]);
-                b[..rest.len()].copy_from_slice(rest);
+                let rest = self.bytes.get(self.next..).unwrap_or(&[]);
+                let n = rest.len().min(8);
+                b[..n].copy_from_slice(&rest[..n]);
                 u64::from_le_bytes(b)
             }
         };
-        word >> (self.at % 8)
+        self.buf |= word << self.avail;
+        let added = (63 - self.avail) / 8;
+        self.next += added as usize;
+        self.avail += 8 * added;
     }
 
     /// The next `n ≤ 32` bits.
+    #[inline]
     fn take(&mut self, n: u32) -> u64 {
-        let v = self.peek() & ((1u64 << n) - 1);
-        self.at += n as usize;
+        if self.avail < n {
+            self.refill();
+        }
+        let v = self.buf & ((1u64 << n) - 1);
+        self.buf >>= n;
+        self.avail -= n;
         v
     }
 
+    /// A Rice code of parameter `r ≤ 24`: ones, a zero, then `r` bits.
+    #[inline]
     fn rice(&mut self, r: u32) -> u64 {
+        if self.avail < 56 {
+            self.refill();
+        }
+        let ones = (!self.buf).trailing_zeros();
+        if ones + 1 + r <= self.avail {
+            self.buf >>= ones + 1;
+            self.avail -= ones + 1;
+            let low = self.buf & ((1u64 << r) - 1);
+            self.buf >>= r;
+            self.avail -= r;
+            return ((ones as u64) << r) | low;
+        }
+        // A run of ones longer than the buffer: counted a buffer at a time.
         let mut q = 0u64;
         loop {
-            let ones = (!self.peek()).trailing_zeros().min(56);
+            let ones = (!self.buf).trailing_zeros().min(self.avail);
             q += ones as u64;
-            self.at += ones as usize;
-            if ones < 56 || self.at >= 8 * self.bytes.len() {
+            self.buf >>= ones;
+            self.avail -= ones;
+            if self.avail > 0 || self.next >= self.bytes.len() {
                 break;
             }
+            self.refill();
         }
-        self.at += 1;
+        self.take(1);
         (q << r) | self.take(r)
     }
 }
@@ -434,8 +491,9 @@ mod tests {
             }
             let mut block = Vec::new();
             encode(&ids, &values, &mut Vec::new(), &mut block);
-            let (mut got_ids, mut got, mut codes) = (Vec::new(), Vec::new(), Vec::new());
-            decode(&block, ids.len(), &mut got_ids, &mut got, &mut codes);
+            let mut decoded = Decoded::default();
+            decoded.read(&block, ids.len());
+            let (got_ids, got) = (decoded.ids.clone(), decoded.values.clone());
             let finite: Vec<f32> = values.iter().copied().filter(|v| v.is_finite()).collect();
             let max = finite.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let min = finite.iter().copied().fold(f32::INFINITY, f32::min);
@@ -451,13 +509,37 @@ mod tests {
                     prop_assert_eq!(*g, f32::NEG_INFINITY);
                 }
             }
-            let (mut best_ids, mut best) = (Vec::new(), Vec::new());
             let k = ids.len().div_ceil(2);
-            best_first(&got_ids, &got, &codes, k, &mut best_ids, &mut best);
-            prop_assert_eq!(best.len(), k);
+            let (mut best_ids, mut best) = (vec![0u32; k], vec![0f32; k]);
+            decoded.best_first(&mut best_ids, &mut best);
             prop_assert!(best.windows(2).all(|w| w[0] >= w[1]));
             prop_assert_eq!(best[0], max);
+            // The first `k` by order key, ties to the smaller id, as a full sort has them.
+            let mut by_key: Vec<(u16, u32)> = decoded.keys.iter().copied().zip(got_ids.iter().copied()).collect();
+            by_key.sort_unstable();
+            prop_assert_eq!(best_ids, by_key[..k].iter().map(|e| e.1).collect::<Vec<_>>());
         }
+    }
+
+    /// A gap whose unary part is longer than the reader's buffer (one far id after many near
+    /// ones) decodes, and so do the ids after it.
+    #[test]
+    fn long_unary_runs_decode() {
+        let mut ids: Vec<u32> = (0..200).collect();
+        ids.extend([150_000, 150_001, 199_999]);
+        let values: Vec<f32> = (0..ids.len()).map(|j| -1.0 - j as f32 * 0.01).collect();
+        let mut block = Vec::new();
+        encode(&ids, &values, &mut Vec::new(), &mut block);
+        let mut decoded = Decoded::default();
+        decoded.read(&block, ids.len());
+        assert_eq!(decoded.ids, ids);
+        let mut again = Decoded::default();
+        again.read(&block[..block.len() - 1], ids.len());
+        assert_eq!(
+            again.ids[..200],
+            ids[..200],
+            "a cut block reads what it holds"
+        );
     }
 
     /// Ids spread evenly over a vocabulary cost close to the entropy of the set.

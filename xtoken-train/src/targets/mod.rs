@@ -116,19 +116,21 @@ impl ValueDtype {
         }
     }
 
-    /// Decodes one position's first `k` values from its encoded bytes.
-    pub fn decode(self, bytes: &[u8], k: usize, out: &mut Vec<f32>) {
+    /// Decodes one position's first `out.len()` values from its encoded bytes.
+    pub fn decode(self, bytes: &[u8], out: &mut [f32]) {
         match self {
-            Self::F32 => out.extend(bytes.chunks_exact(4).take(k).map(|b| f32_at(b, 0))),
-            Self::Bf16 => out.extend(
-                bytes
-                    .chunks_exact(2)
-                    .take(k)
-                    .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-            ),
+            Self::F32 => out
+                .iter_mut()
+                .zip(bytes.chunks_exact(4))
+                .for_each(|(v, b)| *v = f32_at(b, 0)),
+            Self::Bf16 => out
+                .iter_mut()
+                .zip(bytes.chunks_exact(2))
+                .for_each(|(v, b)| *v = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
             Self::Q8 => {
                 let (max, step) = (f32_at(bytes, 0), f32_at(bytes, 4));
-                out.extend(bytes[8..].iter().take(k).map(|&q| max - q as f32 * step));
+                let codes = out.iter_mut().zip(&bytes[8..]);
+                codes.for_each(|(v, &q)| *v = max - q as f32 * step);
             }
             Self::Compact => {}
         }
@@ -320,8 +322,8 @@ mod tests {
                 let mut bytes = Vec::new();
                 dtype.encode(&t.logp, &mut bytes);
                 prop_assert_eq!(bytes.len(), dtype.value_bytes(k));
-                let mut back = Vec::new();
-                dtype.decode(&bytes, k, &mut back);
+                let mut back = vec![0f32; k];
+                dtype.decode(&bytes, &mut back);
                 let (min, max) = (t.logp[k - 1], t.logp[0]);
                 for (a, b) in t.logp.iter().zip(&back) {
                     let bound = dtype.error_bound(min, max, *a);
@@ -360,8 +362,8 @@ mod tests {
                 assert_eq!(doc.ids(), *ids);
                 let t = targets(ids.len(), 5, d as u32);
                 for q in 0..ids.len() {
-                    let (mut top, mut values) = (Vec::new(), Vec::new());
-                    doc.entries(q, 5, &mut top, &mut values);
+                    let (mut top, mut values) = (vec![0u32; 5], vec![0f32; 5]);
+                    doc.entries(q, &mut top, &mut values);
                     let row = q * 5..q * 5 + 5;
                     let (min, max) = (t.logp[row.end - 1], t.logp[row.start]);
                     let mut got: Vec<(u32, f32)> = top.into_iter().zip(values).collect();
@@ -389,8 +391,8 @@ mod tests {
                     }
                 }
                 if dtype == ValueDtype::F32 && !ids.is_empty() {
-                    let (mut top, mut values) = (Vec::new(), Vec::new());
-                    doc.entries(0, 3, &mut top, &mut values);
+                    let (mut top, mut values) = (vec![0u32; 3], vec![0f32; 3]);
+                    doc.entries(0, &mut top, &mut values);
                     assert_eq!(top, t.ids[..3]);
                     assert_eq!(values, t.logp[..3]);
                 }

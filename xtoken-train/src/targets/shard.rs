@@ -15,6 +15,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
 use xtoken_kernels::host::PositionTargets;
 
 use super::compact;
@@ -45,7 +46,6 @@ pub struct ShardWriter {
     body: Vec<u8>,
     index: Vec<(u64, u64, u64)>,
     scratch: Vec<f32>,
-    order: Vec<u64>,
 }
 
 impl ShardWriter {
@@ -72,7 +72,6 @@ impl ShardWriter {
             body,
             index: Vec::new(),
             scratch: Vec::new(),
-            order: Vec::new(),
         }
     }
 
@@ -129,7 +128,7 @@ impl ShardWriter {
                 .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
         }
         if self.dtype == ValueDtype::Compact {
-            self.push_blocks(n, targets);
+            self.push_blocks(targets);
             return Ok(());
         }
         targets
@@ -144,21 +143,27 @@ impl ShardWriter {
         Ok(())
     }
 
-    /// The compact layout's `ends` and blocks of a document's `n` positions.
-    fn push_blocks(&mut self, n: usize, targets: &PositionTargets) {
+    /// The compact layout's `ends` and blocks of a document's positions, encoded on every
+    /// core.
+    fn push_blocks(&mut self, targets: &PositionTargets) {
         let k = self.k.max(1);
-        let ends_at = self.body.len();
-        self.body.resize(ends_at + 4 * n, 0);
-        let start = self.body.len();
-        let rows = targets
+        let blocks: Vec<Vec<u8>> = targets
             .ids
-            .chunks_exact(k)
-            .zip(targets.logp.chunks_exact(k));
-        for (q, (ids, logp)) in rows.enumerate() {
-            compact::encode(ids, logp, &mut self.order, &mut self.body);
-            let end = (self.body.len() - start) as u32;
-            self.body[ends_at + 4 * q..ends_at + 4 * q + 4].copy_from_slice(&end.to_le_bytes());
+            .par_chunks_exact(k)
+            .zip(targets.logp.par_chunks_exact(k))
+            .map_init(Vec::new, |order, (ids, logp)| {
+                let mut block = Vec::with_capacity(compact::BLOCK_HEADER + 2 * k);
+                compact::encode(ids, logp, order, &mut block);
+                block
+            })
+            .collect();
+        let mut end = 0u32;
+        for block in &blocks {
+            end += block.len() as u32;
+            self.body.extend_from_slice(&end.to_le_bytes());
         }
+        self.body.reserve(end as usize);
+        blocks.iter().for_each(|b| self.body.extend_from_slice(b));
     }
 
     /// Writes the shard to `path` (through a temporary file, renamed into place), as piece
@@ -381,8 +386,8 @@ fn compact_columns(n: usize, confidence: bool) -> usize {
 }
 
 thread_local! {
-    /// A decoded compact block, sorted by id: ids, values, order keys.
-    static DECODED: std::cell::RefCell<(Vec<u32>, Vec<f32>, Vec<u16>)> = Default::default();
+    /// This thread's decoded compact block.
+    static DECODED: std::cell::RefCell<compact::Decoded> = Default::default();
 }
 
 /// One stored document, read in place.
@@ -434,36 +439,34 @@ impl DocRecord<'_> {
         f64::from_bits(u64_at(self.bytes, 16 * self.n + 8 * q))
     }
 
-    /// Position `q`'s first `k` entries (best first): ids into `ids`, values into `values`.
-    pub fn entries(&self, q: usize, k: usize, ids: &mut Vec<u32>, values: &mut Vec<f32>) {
+    /// Position `q`'s first `ids.len()` entries (best first; `values` as long): ids into
+    /// `ids`, values into `values`.
+    pub fn entries(&self, q: usize, ids: &mut [u32], values: &mut [f32]) {
         if self.dtype == ValueDtype::Compact {
-            return self.compact_entries(q, k, ids, values);
+            return self.compact_entries(q, ids, values);
         }
+        let k = ids.len();
         let top = 24 * self.n + 4 * self.k * q;
-        ids.extend(
-            self.bytes[top..top + 4 * k]
-                .chunks_exact(4)
-                .map(|b| u32_at(b, 0)),
-        );
+        let stored = self.bytes[top..top + 4 * k].chunks_exact(4);
+        ids.iter_mut()
+            .zip(stored)
+            .for_each(|(id, b)| *id = u32_at(b, 0));
         let per = self.dtype.value_bytes(self.k);
         let at = 24 * self.n + 4 * self.k * self.n + per * q;
-        self.dtype.decode(&self.bytes[at..at + per], k, values);
+        self.dtype.decode(&self.bytes[at..at + per], values);
     }
 
-    /// Position `q`'s compact block: decoded, then its best `k` in order.
-    fn compact_entries(&self, q: usize, k: usize, ids: &mut Vec<u32>, values: &mut Vec<f32>) {
+    /// Position `q`'s compact block: decoded, then its best in order.
+    fn compact_entries(&self, q: usize, ids: &mut [u32], values: &mut [f32]) {
         let ends = compact_columns(self.n, self.confidence);
         let blocks = ends + 4 * self.n;
         let end = |q: usize| u32_at(self.bytes, ends + 4 * q) as usize;
         let from = if q == 0 { 0 } else { end(q - 1) };
         let block = &self.bytes[blocks + from..blocks + end(q)];
         DECODED.with(|d| {
-            let (sorted, decoded, codes) = &mut *d.borrow_mut();
-            sorted.clear();
-            decoded.clear();
-            codes.clear();
-            compact::decode(block, self.k, sorted, decoded, codes);
-            compact::best_first(sorted, decoded, codes, k, ids, values);
+            let decoded = &mut *d.borrow_mut();
+            decoded.read(block, self.k);
+            decoded.best_first(ids, values);
         });
     }
 }

@@ -285,19 +285,13 @@ impl Store {
             .par_chunks_mut(k.max(1))
             .zip(out.logp.par_chunks_mut(k.max(1)))
             .zip(found.par_iter().zip(&sigma))
-            .for_each_init(
-                || (Vec::with_capacity(k), Vec::with_capacity(k)),
-                |(top, values), ((ids, logp), (found, &shift))| {
-                    let Some((doc, q)) = found else { return };
-                    top.clear();
-                    values.clear();
-                    doc.entries(*q, k, top, values);
-                    ids[..top.len()].copy_from_slice(top);
-                    for (l, &v) in logp.iter_mut().zip(values.iter()) {
-                        *l = (v as f64 + shift) as f32;
-                    }
-                },
-            );
+            .for_each(|((ids, logp), (found, &shift))| {
+                let Some((doc, q)) = found else { return };
+                doc.entries(*q, ids, logp);
+                for l in logp.iter_mut() {
+                    *l = (*l as f64 + shift) as f32;
+                }
+            });
         if confidence {
             out.confidence = Some(rows.confidence(&side.next_token));
         }

@@ -330,6 +330,11 @@ impl<B: XTokenBackend> TeacherPass<B> {
             let logits = logits.into_primitive().tensor();
             let found = B::xt_position_targets(logits, &next, all.k, t, confidence)
                 .map_err(|e| Error::Targets(format!("teacher {}: {e}", self.name)))?;
+            // A document within one window (most are) keeps its targets as they came.
+            if all.observed.is_empty() {
+                all = found;
+                continue;
+            }
             all.ids.extend(found.ids);
             all.logp.extend(found.logp);
             all.observed.extend(found.observed);
