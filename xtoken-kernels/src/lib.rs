@@ -504,7 +504,6 @@ where
     }
 }
 
-/// Uploads a result computed from f32 logits read in place.
 /// The teacher's entries of logits that `rows` finds in host memory, read in place; others
 /// take the portable path.
 fn entries_in_place<B: Backend>(
@@ -539,6 +538,7 @@ fn position_targets_in_place<B: Backend>(
     host::position_targets_from(&src, next, top_k, tau, chunk, confidence)
 }
 
+/// Uploads a result computed from f32 logits read in place.
 fn in_place_output<B: Backend>(found: host::HostLoss, src: &host::SliceRows<'_>) -> LossOutput<B> {
     let f32 = burn::tensor::DType::F32;
     let dtypes = host::OutputDtypes {

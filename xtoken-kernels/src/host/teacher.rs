@@ -267,7 +267,6 @@ pub fn position_targets_from<S: LogitRows>(
     };
     // Each row's entries are written in place, on every core.
     let mut outputs: Vec<RowOut<'_>> = out.ids.chunks_mut(k).zip(out.logp.chunks_mut(k)).collect();
-    let mut found = Vec::with_capacity(n);
     let mut scratches = Vec::new();
     let row_chunk = row_chunk.max(1);
     for (c, chunk) in outputs.chunks_mut(row_chunk).enumerate() {
@@ -306,19 +305,16 @@ pub fn position_targets_from<S: LogitRows>(
                 (lse, observed, stats, rank)
             },
         );
-        for (i, part) in parts.into_iter().enumerate() {
-            finite(part.0, "teacher", rows[i])?;
-            found.push(part);
+        for (i, (lse, observed, stats, rank)) in parts.into_iter().enumerate() {
+            finite(lse, "teacher", rows[i])?;
+            out.observed.push(observed);
+            if let Some((_, neg_ce, plogp, maxp)) = stats {
+                out.neg_ce.push(neg_ce);
+                out.neg_entropy.push(plogp);
+                out.max_prob.push(maxp);
+            }
+            out.observed_rank.push(rank);
         }
-    }
-    for (_, observed, stats, rank) in found {
-        out.observed.push(observed);
-        if let Some((_, neg_ce, plogp, maxp)) = stats {
-            out.neg_ce.push(neg_ce);
-            out.neg_entropy.push(plogp);
-            out.max_prob.push(maxp);
-        }
-        out.observed_rank.push(rank);
     }
     Ok(out)
 }
