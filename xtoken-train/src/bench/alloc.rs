@@ -57,8 +57,12 @@ const RESERVE_BYTES: usize = 1 << 20;
 static RESERVE: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
 static RESERVE_USED: AtomicUsize = AtomicUsize::new(0);
 
-/// Sets the reserve aside (once, before any work).
+/// The thread running the out-of-memory ending (`pthread_self`; 0 until one does).
+static ENDING_THREAD: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the reserve aside and installs the abort handler (once, before any work).
 pub fn reserve() {
+    on_abort_while_ending();
     let layout = Layout::from_size_align(RESERVE_BYTES, 4096).expect("a valid layout");
     // SAFETY: a plain allocation of a non-zero size; it lives as long as the process.
     let block = unsafe { System.alloc(layout) };
@@ -197,6 +201,8 @@ fn refused(bytes: usize) {
 /// longest document, removes what Ctrl-C removes and ends the process with status 1. The
 /// allocations the cleanup makes go through unchecked (`ENDING` is set).
 fn end_out_of_memory(write: impl FnOnce(&mut Fixed) -> std::io::Result<()>) -> ! {
+    // SAFETY: `pthread_self` only reads this thread's own handle.
+    ENDING_THREAD.store(unsafe { libc::pthread_self() } as usize, Ordering::Release);
     let mut message = Fixed {
         buffer: [0; 512],
         len: 0,
@@ -220,6 +226,40 @@ fn end_out_of_memory(write: impl FnOnce(&mut Fixed) -> std::io::Result<()>) -> !
     xtoken_core::temporary::remove_all_unless_busy();
     // SAFETY: `_exit` ends the process at once, running no handler that could allocate.
     unsafe { libc::_exit(1) }
+}
+
+/// Another thread that aborts while the ending runs must not end the process before the
+/// ending has removed the run's lock: std aborts a thread that cannot map its signal stack as
+/// it starts, which is just what a process out of address space does. Such a thread waits
+/// here for the ending's own exit; an abort outside the ending (or on the ending's own
+/// thread, or one the ending does not follow within seconds) proceeds as usual.
+extern "C" fn wait_for_the_ending(_signal: libc::c_int) {
+    if !ENDING.load(Ordering::Acquire) {
+        return;
+    }
+    // SAFETY: `pthread_self` reads this thread's handle; `nanosleep` is async-signal-safe.
+    let this = unsafe { libc::pthread_self() } as usize;
+    if ENDING_THREAD.load(Ordering::Acquire) == this {
+        return;
+    }
+    let pause = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 10_000_000,
+    };
+    for _ in 0..1000 {
+        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+    }
+}
+
+/// Installs [`wait_for_the_ending`] for `SIGABRT`.
+fn on_abort_while_ending() {
+    // SAFETY: a zeroed `sigaction` with a handler of the required signature and an empty mask.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = wait_for_the_ending as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGABRT, &action, std::ptr::null_mut());
+    }
 }
 
 fn shrank(bytes: usize) {
