@@ -430,10 +430,11 @@ fn store_and_read(
         Layout::Ours(ValueDtype::Compact) => {
             let mut block = Vec::new();
             compact::encode(ids, exact, &mut Vec::new(), &mut block);
-            let mut read = compact::Decoded::default();
-            read.read(&block, k);
-            // Back to the exact values' order (by id, as decoded).
-            let by_id: Vec<(u32, f32)> = read.ids.into_iter().zip(read.values).collect();
+            let (mut read_ids, mut read) = (vec![0u32; k], vec![0f32; k]);
+            compact::Reader::default().best_first(&block, k, &mut read_ids, &mut read);
+            // Back to the exact values' order (through the decoded entries sorted by id).
+            let mut by_id: Vec<(u32, f32)> = read_ids.into_iter().zip(read).collect();
+            by_id.sort_unstable_by_key(|e| e.0);
             let decoded = ids
                 .iter()
                 .map(|id| {

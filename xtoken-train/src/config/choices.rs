@@ -156,11 +156,12 @@ pub enum ValueDtype {
     /// 1 byte per entry and 8 per position: `q = round((m − x) / s)` with `m` the position's
     /// largest kept value and `s = (m − min) / 255` (absolute error ≤ s / 2).
     Q8,
-    /// The compact layout: ids sorted and Rice-coded, values as their depth below the
-    /// position's largest (kept exactly): 17 bits in the head (within 4 nats of it and above
-    /// probability 1/256; error ≤ 0.0005), 5 bits on a square-law scale below, the kept mass
-    /// exact; the confidence terms only with `teach.confidence`. About `log₂(V/K) + 7` bits an
-    /// entry.
+    /// The compact layout: values as their depth below the position's largest (kept exactly),
+    /// a fine code in the head (within 4 nats of it and above probability 1/256; error
+    /// ≤ 0.0005), 5-bit codes on a square-law scale below, the kept mass exact; the entries
+    /// stored code by code, best first, each code's ids Rice-coded (a code costs its count, not
+    /// bits an entry); the confidence terms only with `teach.confidence`. About
+    /// `log₂(V/K) + 6` bits an entry.
     Compact,
 }
 
@@ -174,7 +175,8 @@ impl ValueDtype {
             "compact" => Ok(Self::Compact),
             _ => Err(Error::Config(format!(
                 "{key} = {value:?}: expected \"f32\", \"bf16\", \"q8\" (8-bit relative to each \
-                 position's largest value) or \"compact\" (sorted Rice-coded ids, a 17-bit head and 5-bit tail of values)"
+                 position's largest value) or \"compact\" (ids Rice-coded per value code, best first; a \
+                 12-bit head and 5-bit tail codes)"
             ))),
         }
     }

@@ -1,26 +1,36 @@
-//! The compact layout of a stored position's entries: the kept ids sorted and their gaps
-//! Rice-coded (a set of `K` ids out of `V` costs about `log₂(V/K) + 1.5` bits an id instead of
-//! 32), and each id's value as its depth `d = m − v` below the position's largest value `m`
-//! (kept exactly): an exact head and a coarser tail. The head, within [`HEAD_DEPTH`] nats of
-//! `m` (where the mass is), takes [`HEAD_BITS`] more bits on a uniform scale (error ≤ 0.0005);
-//! the tail a [`VALUE_BITS`]-bit code on a square-law scale from there to the position's
-//! smallest value, dense near the head and sparse in the far tail, where a coarse value moves
-//! little mass.
+//! The compact layout of a stored position's entries. Each entry's value is its depth
+//! `d = m − v` below the position's largest value `m` (kept exactly), rounded to a bucket: the
+//! head, within [`HEAD_DEPTH`] nats of `m` (where the mass is), on a uniform scale of
+//! [`HEAD_BITS`] bits (error ≤ 0.0005); the tail in [`VALUE_BITS`]-bit codes on a square-law
+//! scale from there to the position's smallest value, dense near the head and sparse in the far
+//! tail, where a coarse value moves little mass.
+//!
+//! The entries are stored bucket by bucket in the order training reads them — the head, the
+//! tail's codes from the shallowest, then −∞ — and within a bucket by id, the ids' gaps
+//! Rice-coded. A bucket of `k` ids out of `V` costs about `log₂(V/k) + 1.5` bits an id and its
+//! code costs only its count, so the layout is no larger than ids sorted once with a code an
+//! entry; and a reader writes each entry straight to its place as it decodes it, with no sort,
+//! and stops once it has the entries it needs.
 //!
 //! A block: `m f32 · range f32 · shift f16 · flags u8 · bits`, where `range` is `m` minus the
 //! smallest finite value, `shift` is added to every tail value so that the decoded kept mass is
-//! the exact one (rounding then moves no mass, only its spread), the flags' low 5 bits are the
-//! Rice parameter and bit 7 "some values are −∞" (then the top code stands for −∞), and the
-//! bits, least significant first, hold the `K` gaps and then the `K` values in id order: a code
-//! `c`, and after a `c = 0` (the head) its fine code.
+//! the exact one (rounding then moves no mass, only its spread), and the flags' low 5 bits are
+//! `s`, the bit length of the largest id, bits 5–6 `δ + 2`, the Rice parameters' correction,
+//! and bit 7 "some values are −∞" (then the top bucket holds them). The bits, least significant
+//! first: the counts of every bucket but the top one (Elias-gamma codes of count + 1; the top
+//! bucket holds the rest of `K`), then each bucket's id gaps, Rice-coded with parameter
+//! `s − bitlen(count) + δ` (the order of the mean gap of ids spread below `2^s`), the head's
+//! followed by their fine codes.
 
 use burn::tensor::f16;
 
-/// Bits of a value's code.
+/// Bits of a tail value's code.
 pub const VALUE_BITS: u32 = 5;
 /// The largest code.
 const TOP: u32 = (1 << VALUE_BITS) - 1;
-/// Bits a head value adds.
+/// Buckets of a block: the head, the tail's codes, the top one −∞ where a value is.
+const BUCKETS: usize = TOP as usize + 1;
+/// Bits of a head value's fine code.
 pub const HEAD_BITS: u32 = 12;
 const FINE: u32 = (1 << HEAD_BITS) - 1;
 /// How far below the largest value the head reaches, in nats (`e⁻⁴ ≈ 1.8 %` of its mass).
@@ -30,9 +40,10 @@ pub const HEAD_FLOOR: f32 = -5.545_177;
 /// Bytes of a block before its bits.
 pub const BLOCK_HEADER: usize = 11;
 const NEG_INF: u8 = 0x80;
-/// Past every order key (the head's fine codes, then `FINE +` the tail's codes): `KEYS − 1` is a
-/// decoded −∞'s key, `KEYS` marks one for the encoder.
-const KEYS: usize = (FINE + 1 + TOP) as usize + 1;
+/// The order key the encoder gives a −∞ (past every head fine code and tail code).
+const INFINITE_KEY: u32 = FINE + 1 + TOP;
+/// The largest Rice parameter.
+const MAX_RICE: i32 = 24;
 
 /// The scale of a position whose finite values lie within `range` below the largest: the head
 /// `[0, h]` and the tail `(h, range]` in `top` codes.
@@ -64,7 +75,7 @@ impl Scale {
         self.head + (self.range - self.head) * t * t
     }
 
-    /// The order key of depth `d` (the head's fine code, or past them the tail's code).
+    /// The order key of depth `d` (the head's fine code, or past them `FINE +` the tail's code).
     fn key(self, d: f32) -> u32 {
         if d <= self.head || self.range <= self.head || d < self.tail(1) * 0.5 + self.head * 0.5 {
             let fine = if self.head > 0.0 {
@@ -112,18 +123,66 @@ pub fn error_bound(largest: f32, range: f32, d: f32) -> f32 {
     (range - head) * (2.0 * t - 1.0) / (t * t) + rounding * 2.0
 }
 
+/// An entry as one word that sorts it into the stored order: its bucket, its id, and for a head
+/// entry its fine code.
+fn word(key: u32, id: u32) -> u64 {
+    let (bucket, fine) = match key {
+        k if k <= FINE => (0, k),
+        k if k >= INFINITE_KEY => (TOP, 0),
+        k => (k - FINE, 0),
+    };
+    (u64::from(bucket) << 58) | (u64::from(id) << 26) | u64::from(fine)
+}
+
+fn bucket_of(word: u64) -> usize {
+    (word >> 58) as usize
+}
+
+fn id_of(word: u64) -> u32 {
+    (word >> 26) as u32
+}
+
+fn fine_of(word: u64) -> u32 {
+    word as u32 & FINE
+}
+
+/// The Rice parameter of a bucket of `count` ids below `2^span`, corrected by `delta`.
+fn rice_parameter(span: u32, count: usize, delta: i32) -> u32 {
+    let bits = (usize::BITS - count.leading_zeros()) as i32;
+    (span as i32 - bits + delta).clamp(0, MAX_RICE) as u32
+}
+
+/// Each stored entry's id gap within its bucket (`order` sorted).
+fn gaps(order: &[u64]) -> impl Iterator<Item = (usize, u64)> + '_ {
+    order
+        .iter()
+        .scan((usize::MAX, -1i64), |(bucket, last), &w| {
+            if bucket_of(w) != *bucket {
+                (*bucket, *last) = (bucket_of(w), -1);
+            }
+            let id = i64::from(id_of(w));
+            let gap = (id - *last - 1).max(0) as u64;
+            *last = id;
+            Some((*bucket, gap))
+        })
+}
+
+/// The correction `δ ∈ −2..=1` of the Rice parameters that codes the gaps in the fewest bits.
+fn rice_correction(order: &[u64], span: u32, counts: &[usize; BUCKETS]) -> i32 {
+    let cost = |delta: i32| {
+        gaps(order)
+            .map(|(b, g)| {
+                let r = rice_parameter(span, counts[b], delta);
+                (g >> r) + 1 + u64::from(r)
+            })
+            .sum::<u64>()
+    };
+    (-2..=1).min_by_key(|&d| cost(d)).unwrap_or(0)
+}
+
 /// Appends the block of one position's entries (`ids` and their `values`, in any order);
 /// `order` is scratch.
 pub fn encode(ids: &[u32], values: &[f32], order: &mut Vec<u64>, out: &mut Vec<u8>) {
-    // By id, as plain words: the id in the high half, the entry's index in the low half.
-    order.clear();
-    order.extend(
-        ids.iter()
-            .enumerate()
-            .map(|(i, &id)| (u64::from(id) << 32) | i as u64),
-    );
-    order.sort_unstable();
-    let value = |w: u64| values[w as u32 as usize];
     let finite = || values.iter().copied().filter(|v| v.is_finite());
     let largest = finite().fold(f32::NEG_INFINITY, f32::max);
     let smallest = finite().fold(f32::INFINITY, f32::min);
@@ -132,41 +191,40 @@ pub fn encode(ids: &[u32], values: &[f32], order: &mut Vec<u64>, out: &mut Vec<u
     } else {
         (0.0, 0.0)
     };
-    let gaps = || {
-        order.iter().scan(-1i64, |last, &w| {
-            let id = (w >> 32) as i64;
-            let gap = (id - *last - 1) as u64;
-            *last = id;
-            Some(gap)
-        })
-    };
-    let rice = rice_parameter(gaps(), ids.len());
     let infinite = values.iter().any(|v| !v.is_finite());
     let scale = Scale::new(largest, range, infinite);
-    let keys: Vec<u32> = order
+    // The entries in the stored order: by bucket, then id.
+    order.clear();
+    order.extend(ids.iter().zip(values).map(|(&id, &v)| match v {
+        v if v.is_finite() => word(scale.key(largest - v), id),
+        _ => word(INFINITE_KEY, id),
+    }));
+    order.sort_unstable();
+    let mut counts = [0usize; BUCKETS];
+    order.iter().for_each(|&w| counts[bucket_of(w)] += 1);
+    let span = ids
         .iter()
-        .map(|&w| match value(w) {
-            v if v.is_finite() => scale.key(largest - v),
-            _ => KEYS as u32,
-        })
-        .collect();
-    let shift = tail_shift(&keys, values, largest, scale);
+        .max()
+        .map_or(0, |&id| u32::BITS - id.leading_zeros());
+    let span = span.min(31);
+    let delta = rice_correction(order, span, &counts);
+    let shift = tail_shift(order, values, largest, scale);
     out.extend_from_slice(&largest.to_le_bytes());
     out.extend_from_slice(&range.to_le_bytes());
     out.extend_from_slice(&f16::from_f32(shift).to_le_bytes());
-    out.push(rice as u8 | if infinite { NEG_INF } else { 0 });
+    out.push(span as u8 | (((delta + 2) as u8) << 5) | if infinite { NEG_INF } else { 0 });
     let mut bits = BitWriter::new(out);
-    for gap in gaps() {
-        bits.rice(gap, rice);
+    for &count in &counts[..BUCKETS - 1] {
+        bits.gamma(count as u64 + 1);
     }
-    for &key in &keys {
-        match key {
-            k if k >= KEYS as u32 => bits.put(TOP as u64, VALUE_BITS),
-            k if k <= FINE => {
-                bits.put(0, VALUE_BITS);
-                bits.put(k as u64, HEAD_BITS);
-            }
-            k => bits.put((k - FINE) as u64, VALUE_BITS),
+    let heads = counts[0];
+    for (at, (b, gap)) in gaps(order).enumerate() {
+        bits.rice(gap, rice_parameter(span, counts[b], delta));
+        // The head's fine codes follow its ids.
+        if at + 1 == heads {
+            order[..heads]
+                .iter()
+                .for_each(|&w| bits.put(u64::from(fine_of(w)), HEAD_BITS));
         }
     }
     bits.finish();
@@ -175,18 +233,19 @@ pub fn encode(ids: &[u32], values: &[f32], order: &mut Vec<u64>, out: &mut Vec<u
 /// The shift of every tail value that makes the decoded kept mass the exact one: the log of
 /// the exact mass less the decoded head's over the decoded tail's (0 without a tail). The
 /// tail's decoded mass is summed per code (one `exp` a code, not an entry).
-fn tail_shift(keys: &[u32], values: &[f32], largest: f32, scale: Scale) -> f32 {
+fn tail_shift(order: &[u64], values: &[f32], largest: f32, scale: Scale) -> f32 {
     let exact: f64 = values
         .iter()
         .filter(|v| v.is_finite())
         .map(|&v| (v - largest).exp() as f64)
         .sum();
     let mut head = 0.0f64;
-    let mut per_code = [0u32; (TOP + 1) as usize];
-    for &key in keys.iter().filter(|&&key| key < KEYS as u32) {
-        match key <= FINE {
-            true => head += (-(scale.depth(key) as f64)).exp(),
-            false => per_code[(key - FINE) as usize] += 1,
+    let mut per_code = [0u32; BUCKETS];
+    for &w in order {
+        match bucket_of(w) {
+            0 => head += (-(scale.depth(fine_of(w)) as f64)).exp(),
+            b if b as u32 <= scale.top => per_code[b] += 1,
+            _ => {}
         }
     }
     let tail: f64 = (1..=scale.top)
@@ -201,45 +260,28 @@ fn tail_shift(keys: &[u32], values: &[f32], largest: f32, scale: Scale) -> f32 {
     f16::from_f32(shift).to_f32()
 }
 
-/// A decoded block (its entries sorted by id: ids, values and order keys, 0 for the largest
-/// and smaller for larger), and the scratch that orders it; kept between blocks so that
+/// Reads blocks; its scratch (the head, ordered by fine code) is kept between blocks so that
 /// reading one allocates nothing.
-#[derive(Debug)]
-pub struct Decoded {
-    /// Ids, ascending.
-    pub ids: Vec<u32>,
-    /// Each id's value.
-    pub values: Vec<f32>,
-    /// Each id's order key.
-    pub keys: Vec<u16>,
-    /// The head's entries (their places above), in id order.
-    head: Vec<u32>,
-    /// Entries per tail code (`−∞`'s last).
-    counts: [usize; (TOP + 2) as usize],
+#[derive(Debug, Default)]
+pub struct Reader {
+    /// The head's entries as `fine << 32 | id`.
+    head: Vec<u64>,
 }
 
-impl Default for Decoded {
-    fn default() -> Self {
-        Self {
-            ids: Vec::new(),
-            values: Vec::new(),
-            keys: Vec::new(),
-            head: Vec::new(),
-            counts: [0; (TOP + 2) as usize],
-        }
-    }
-}
-
-impl Decoded {
-    /// Decodes the `n` entries of `block` in place of what this held.
-    pub fn read(&mut self, block: &[u8], n: usize) {
-        self.ids.clear();
-        self.values.clear();
-        self.keys.clear();
-        self.head.clear();
-        self.counts = [0; (TOP + 2) as usize];
+impl Reader {
+    /// The best `ids.len()` (at most `n`) of the `n` entries of `block`, best first (ties: the
+    /// smaller id), into `ids` and `values`; how many it wrote. It decodes no further than the
+    /// last bucket it needs; slots past the block's entries are left as they are.
+    pub fn best_first(
+        &mut self,
+        block: &[u8],
+        n: usize,
+        ids: &mut [u32],
+        values: &mut [f32],
+    ) -> usize {
+        let k = ids.len().min(values.len()).min(n);
         if block.len() < BLOCK_HEADER {
-            return;
+            return 0;
         }
         let word = |at: usize| {
             f32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]])
@@ -247,94 +289,64 @@ impl Decoded {
         let (largest, range) = (word(0), word(4));
         let shift = f16::from_le_bytes([block[8], block[9]]).to_f32();
         let flags = block[10];
-        let rice = (flags & 0x1f) as u32;
+        let span = u32::from(flags & 0x1f);
+        let delta = i32::from((flags >> 5) & 3) - 2;
         let scale = Scale::new(largest, range, flags & NEG_INF != 0);
         let mut bits = BitReader::new(&block[BLOCK_HEADER..]);
-        self.ids.resize(n, 0);
-        self.values.resize(n, f32::NEG_INFINITY);
-        self.keys.resize(n, (KEYS - 1) as u16);
+        let mut counts = [0usize; BUCKETS];
+        let mut left = n;
+        for count in &mut counts[..BUCKETS - 1] {
+            *count = (bits.gamma().saturating_sub(1) as usize).min(left);
+            left -= *count;
+        }
+        counts[BUCKETS - 1] = left;
+        let mut at = self.head(&mut bits, counts[0], rice_parameter(span, counts[0], delta));
+        at = at.min(k);
+        for (at_head, &w) in self.head.iter().take(k).enumerate() {
+            ids[at_head] = w as u32;
+            values[at_head] = match (w >> 32) as u32 {
+                0 => largest,
+                fine => largest - scale.depth(fine),
+            };
+        }
+        for (b, &count) in counts.iter().enumerate().skip(1) {
+            if at >= k {
+                break;
+            }
+            let value = match b as u32 {
+                c if c > scale.top => f32::NEG_INFINITY,
+                c => largest - scale.depth(FINE + c) + shift,
+            };
+            let r = rice_parameter(span, count, delta);
+            let end = (at + count).min(k);
+            let mut last = -1i64;
+            for (id, v) in ids[at..end].iter_mut().zip(&mut values[at..end]) {
+                last += bits.rice(r) as i64 + 1;
+                *id = last.clamp(0, u32::MAX as i64) as u32;
+                *v = value;
+            }
+            // A bucket read in part is the last one needed.
+            at = end;
+        }
+        at
+    }
+
+    /// Reads the head's `count` ids and fine codes, ordered by code (ties: the smaller id);
+    /// returns `count`.
+    fn head(&mut self, bits: &mut BitReader<'_>, count: usize, r: u32) -> usize {
+        self.head.clear();
         let mut last = -1i64;
-        for id in &mut self.ids {
-            last += bits.rice(rice) as i64 + 1;
-            *id = last.clamp(0, u32::MAX as i64) as u32;
+        for _ in 0..count {
+            last += bits.rice(r) as i64 + 1;
+            self.head.push(last.clamp(0, u32::MAX as i64) as u64);
         }
-        // Every code's value, once a block: the head's first (the largest, exact), the tail's
-        // square law with the shift.
-        let mut tail = [f32::NEG_INFINITY; (TOP + 1) as usize];
-        for c in 1..=scale.top {
-            tail[c as usize] = largest - scale.depth(FINE + c) + shift;
+        for w in &mut self.head {
+            *w |= bits.take(HEAD_BITS) << 32;
         }
-        let entries = self.values.iter_mut().zip(&mut self.keys);
-        for (j, (value, key)) in entries.enumerate() {
-            match bits.take(VALUE_BITS) as u32 {
-                0 => {
-                    let fine = bits.take(HEAD_BITS) as u32;
-                    *key = fine as u16;
-                    *value = match fine {
-                        0 => largest,
-                        f => largest - scale.depth(f),
-                    };
-                    self.head.push(j as u32);
-                }
-                c if c > scale.top => self.counts[TOP as usize + 1] += 1,
-                c => {
-                    *key = (FINE + c) as u16;
-                    *value = tail[c as usize];
-                    self.counts[c as usize] += 1;
-                }
-            }
-        }
-    }
-
-    /// The best `ids.len()` entries (at most all), best first (ties: the smaller id), into
-    /// `ids` and `values`: the head (few entries) sorted by its fine codes, then the tail by a
-    /// counting sort on its codes (counted as it was read). Slots past the block's entries are
-    /// left as they are.
-    pub fn best_first(&mut self, ids: &mut [u32], values: &mut [f32]) {
-        let k = ids.len().min(values.len()).min(self.keys.len());
-        let keys = &self.keys;
-        // Stable: equal codes keep the ids' order.
-        self.head.sort_by_key(|&j| keys[j as usize]);
-        for (at, &j) in self.head.iter().take(k).enumerate() {
-            ids[at] = self.ids[j as usize];
-            values[at] = self.values[j as usize];
-        }
-        if self.head.len() >= k {
-            return;
-        }
-        let mut start = [0usize; (TOP + 2) as usize];
-        let mut sum = self.head.len();
-        for (s, &count) in start.iter_mut().zip(&self.counts).skip(1) {
-            *s = sum;
-            sum += count;
-        }
-        let entries = keys.iter().zip(&self.ids).zip(&self.values);
-        for ((&c, &id), &v) in entries.filter(|e| *e.0 .0 as u32 > FINE) {
-            let at = &mut start[(c as u32 - FINE) as usize];
-            if *at < k {
-                ids[*at] = id;
-                values[*at] = v;
-            }
-            *at += 1;
-        }
+        self.head.sort_unstable();
+        count
     }
 }
-
-/// The Rice parameter that codes `gaps` in the fewest bits (near `log₂` of the mean gap).
-fn rice_parameter(gaps: impl Iterator<Item = u64> + Clone, n: usize) -> u32 {
-    if n == 0 {
-        return 0;
-    }
-    let mean = gaps.clone().sum::<u64>() as f64 / n as f64;
-    let guess = (mean * std::f64::consts::LN_2).max(1.0).log2().floor() as i64;
-    let cost = |r: u32| gaps.clone().map(|g| (g >> r) + 1 + r as u64).sum::<u64>();
-    (guess - 1..=guess + 1)
-        .filter(|&r| (0..=24).contains(&r))
-        .map(|r| r as u32)
-        .min_by_key(|&r| cost(r))
-        .unwrap_or(0)
-}
-
 /// Bits appended least significant first.
 struct BitWriter<'a> {
     out: &'a mut Vec<u8>,
@@ -362,15 +374,26 @@ impl<'a> BitWriter<'a> {
         }
     }
 
-    /// `g >> r` ones, a zero, then the low `r` bits of `g`.
-    fn rice(&mut self, g: u64, r: u32) {
-        let mut q = g >> r;
+    /// `q` ones, then a zero.
+    fn unary(&mut self, mut q: u64) {
         while q >= 32 {
             self.put(u32::MAX as u64, 32);
             q -= 32;
         }
         self.put((1u64 << q) - 1, q as u32 + 1);
+    }
+
+    /// `g >> r` ones, a zero, then the low `r` bits of `g`.
+    fn rice(&mut self, g: u64, r: u32) {
+        self.unary(g >> r);
         self.put(g, r);
+    }
+
+    /// `x ≥ 1` as its bit length less one in unary, then its bits below the top one.
+    fn gamma(&mut self, x: u64) {
+        let q = 63 - x.max(1).leading_zeros();
+        self.unary(u64::from(q));
+        self.put(x, q);
     }
 
     fn finish(self) {
@@ -435,8 +458,9 @@ impl<'a> BitReader<'a> {
         v
     }
 
-    /// A Rice code of parameter `r ≤ 24`: ones, a zero, then `r` bits.
-    #[inline]
+    /// A Rice code of parameter `r ≤ 24`: ones, a zero, then `r` bits. (Inlined: it is the
+    /// reader's inner loop, a call an entry otherwise.)
+    #[inline(always)]
     fn rice(&mut self, r: u32) -> u64 {
         if self.avail < 56 {
             self.refill();
@@ -465,6 +489,12 @@ impl<'a> BitReader<'a> {
         self.take(1);
         (q << r) | self.take(r)
     }
+
+    /// An Elias-gamma code (as [`BitWriter::gamma`] writes it; at most 2³³ − 1).
+    fn gamma(&mut self) -> u64 {
+        let q = self.rice(0).min(32) as u32;
+        (1u64 << q) | self.take(q)
+    }
 }
 
 #[cfg(test)]
@@ -472,9 +502,20 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// `ids` and `values` encoded, then read whole.
+    fn round_trip(ids: &[u32], values: &[f32]) -> (Vec<u8>, Vec<u32>, Vec<f32>) {
+        let mut block = Vec::new();
+        encode(ids, values, &mut Vec::new(), &mut block);
+        let (mut got_ids, mut got) = (vec![0u32; ids.len()], vec![0f32; ids.len()]);
+        let read = Reader::default().best_first(&block, ids.len(), &mut got_ids, &mut got);
+        assert_eq!(read, ids.len());
+        (block, got_ids, got)
+    }
+
     proptest! {
-        /// Any set of ids and values decodes to the same ids, the largest value exactly, every
-        /// finite value within its bound, −∞ as −∞, and `best_first` orders them by value.
+        /// Any set of ids and values decodes to the same ids, best first (by decoded value,
+        /// ties to the smaller id), the largest value exactly, every finite value within its
+        /// bound, −∞ as −∞; reading fewer gives the same first entries.
         #[test]
         fn blocks_round_trip_within_the_bound(
             picks in proptest::collection::btree_set(0u32..200_000, 1..300),
@@ -489,57 +530,70 @@ mod tests {
                 let last = values.len() - 1;
                 values[last] = f32::NEG_INFINITY;
             }
-            let mut block = Vec::new();
-            encode(&ids, &values, &mut Vec::new(), &mut block);
-            let mut decoded = Decoded::default();
-            decoded.read(&block, ids.len());
-            let (got_ids, got) = (decoded.ids.clone(), decoded.values.clone());
+            let (block, got_ids, got) = round_trip(&ids, &values);
             let finite: Vec<f32> = values.iter().copied().filter(|v| v.is_finite()).collect();
             let max = finite.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let min = finite.iter().copied().fold(f32::INFINITY, f32::min);
             let bound = |v: f32| error_bound(max, max - min, max - v);
-            let mut sorted: Vec<(u32, f32)> = ids.iter().copied().zip(values.iter().copied()).collect();
-            sorted.sort_by_key(|p| p.0);
-            prop_assert_eq!(&got_ids, &sorted.iter().map(|p| p.0).collect::<Vec<_>>());
-            for ((_, v), g) in sorted.iter().zip(&got) {
+            let exact: std::collections::HashMap<u32, f32> =
+                ids.iter().copied().zip(values.iter().copied()).collect();
+            let mut sorted_ids = got_ids.clone();
+            sorted_ids.sort_unstable();
+            let mut want_ids = ids.clone();
+            want_ids.sort_unstable();
+            prop_assert_eq!(sorted_ids, want_ids);
+            for (id, g) in got_ids.iter().zip(&got) {
+                let v = exact[id];
                 if v.is_finite() {
-                    prop_assert!((v - g).abs() <= bound(*v), "{} vs {} (bound {})", v, g, bound(*v));
-                    if *v == max { prop_assert_eq!(*g, max); }
+                    prop_assert!((v - g).abs() <= bound(v), "{} vs {} (bound {})", v, g, bound(v));
+                    if v == max { prop_assert_eq!(*g, max); }
                 } else {
                     prop_assert_eq!(*g, f32::NEG_INFINITY);
                 }
             }
+            prop_assert_eq!(got[0], max);
+            let mut by_value: Vec<(f32, u32)> = got.iter().copied().zip(got_ids.iter().copied()).collect();
+            by_value.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            prop_assert_eq!(&got_ids, &by_value.iter().map(|e| e.1).collect::<Vec<_>>());
             let k = ids.len().div_ceil(2);
             let (mut best_ids, mut best) = (vec![0u32; k], vec![0f32; k]);
-            decoded.best_first(&mut best_ids, &mut best);
-            prop_assert!(best.windows(2).all(|w| w[0] >= w[1]));
-            prop_assert_eq!(best[0], max);
-            // The first `k` by order key, ties to the smaller id, as a full sort has them.
-            let mut by_key: Vec<(u16, u32)> = decoded.keys.iter().copied().zip(got_ids.iter().copied()).collect();
-            by_key.sort_unstable();
-            prop_assert_eq!(best_ids, by_key[..k].iter().map(|e| e.1).collect::<Vec<_>>());
+            let read = Reader::default().best_first(&block, ids.len(), &mut best_ids, &mut best);
+            prop_assert_eq!(read, k);
+            prop_assert_eq!(&best_ids[..], &got_ids[..k]);
+            prop_assert_eq!(&best[..], &got[..k]);
         }
     }
 
     /// A gap whose unary part is longer than the reader's buffer (one far id after many near
-    /// ones) decodes, and so do the ids after it.
+    /// ones) decodes, and so do the ids after it; a cut block reads without a panic.
     #[test]
     fn long_unary_runs_decode() {
         let mut ids: Vec<u32> = (0..200).collect();
         ids.extend([150_000, 150_001, 199_999]);
+        // One value an id, falling: best first is id order.
         let values: Vec<f32> = (0..ids.len()).map(|j| -1.0 - j as f32 * 0.01).collect();
-        let mut block = Vec::new();
-        encode(&ids, &values, &mut Vec::new(), &mut block);
-        let mut decoded = Decoded::default();
-        decoded.read(&block, ids.len());
-        assert_eq!(decoded.ids, ids);
-        let mut again = Decoded::default();
-        again.read(&block[..block.len() - 1], ids.len());
+        let (block, got_ids, _) = round_trip(&ids, &values);
+        assert_eq!(got_ids, ids);
+        let (mut cut_ids, mut cut) = (vec![0u32; ids.len()], vec![0f32; ids.len()]);
+        let cut_block = &block[..block.len() - 1];
+        Reader::default().best_first(cut_block, ids.len(), &mut cut_ids, &mut cut);
+        cut_ids.sort_unstable();
         assert_eq!(
-            again.ids[..200],
-            ids[..200],
-            "a cut block reads what it holds"
+            cut_ids, ids,
+            "the ids come before the fine codes a cut loses"
         );
+    }
+
+    /// The gamma code round-trips its whole range.
+    #[test]
+    fn gamma_codes_round_trip() {
+        let xs = [1u64, 2, 3, 4, 7, 8, 255, 256, 1 << 20, u32::MAX as u64 + 1];
+        let mut out = Vec::new();
+        let mut bits = BitWriter::new(&mut out);
+        xs.iter().for_each(|&x| bits.gamma(x));
+        bits.finish();
+        let mut read = BitReader::new(&out);
+        assert_eq!(xs.map(|_| read.gamma()), xs);
     }
 
     /// Ids spread evenly over a vocabulary cost close to the entropy of the set.
@@ -549,11 +603,15 @@ mod tests {
         let ids: Vec<u32> = (0..k as u64)
             .map(|i| (i * 2_654_435_761 % v as u64) as u32)
             .collect();
+        // One value: every entry in the head, at fine code 0.
         let values = vec![-1.0f32; k];
         let mut block = Vec::new();
         encode(&ids, &values, &mut Vec::new(), &mut block);
+        // The counts: gamma(k + 1) for the head, gamma(1) for the 30 other buckets before the top.
+        let counts = 2 * (usize::BITS - (k + 1).leading_zeros()) as usize - 1 + (BUCKETS - 2);
         let id_bits = (block.len() - BLOCK_HEADER) as f64 * 8.0
-            - (k as f64 * (VALUE_BITS + HEAD_BITS) as f64);
+            - (k as f64 * HEAD_BITS as f64)
+            - counts as f64;
         let per_id = id_bits / k as f64;
         let entropy = (v as f64 / k as f64).log2() + std::f64::consts::LOG2_E;
         assert!(

@@ -54,8 +54,13 @@ pub enum HostTargets {
 }
 
 /// The store format this build writes (2: the manifest's checksum, the shards' temperature;
-/// 3: the compact layout, the manifest's `confidence` and `error_bound`). It reads 2 and 3.
-pub const FORMAT: u32 = 3;
+/// 3: the compact layout, the manifest's `confidence` and `error_bound`; 4: compact blocks
+/// stored bucket by bucket, best first). It reads 2 to 4, but not format 3's compact blocks.
+pub const FORMAT: u32 = 4;
+
+/// The format whose compact blocks (ids in one sorted run, a code an entry) this build no
+/// longer reads.
+const SORTED_COMPACT_FORMAT: u32 = 3;
 
 /// The oldest store format this build reads.
 const OLDEST_FORMAT: u32 = 2;
@@ -258,7 +263,16 @@ impl Manifest {
                 path.display()
             )));
         }
-        serde_json::from_value(value).with_context(not_one)
+        let manifest: Self = serde_json::from_value(value).with_context(not_one)?;
+        if manifest.format == SORTED_COMPACT_FORMAT && manifest.dtype == ValueDtype::Compact {
+            return Err(Error::Targets(format!(
+                "{}: compact targets of format {SORTED_COMPACT_FORMAT}, whose blocks this build \
+                 no longer reads (format {FORMAT} stores them best first, to read faster); write \
+                 them again with `xtoken teach`",
+                path.display()
+            )));
+        }
+        Ok(manifest)
     }
 
     /// Writes `dir/manifest.json` with the checksum of its content (under a temporary name,
@@ -410,6 +424,42 @@ mod tests {
                 assert!(err.contains("damaged shard"), "{err}");
             }
         }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A format-3 store's compact blocks are refused by name; its fixed layouts still read.
+    #[test]
+    fn format_3_compact_blocks_are_refused() {
+        let dir = std::env::temp_dir().join(format!("xtoken-format-3-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let manifest = |dtype| Manifest {
+            format: 3,
+            teacher: "t".into(),
+            model: "m".into(),
+            config_sha256: String::new(),
+            weights_sha256: String::new(),
+            tokenizer_sha256: String::new(),
+            vocab_size: 10,
+            compute_dtype: "F32".into(),
+            top_k: 4,
+            dtype,
+            error_bound: dtype.bound_text().into(),
+            confidence: true,
+            temperature: 1.0,
+            window: 8,
+            shard_documents: 1,
+            text_field: "text".into(),
+            data: Vec::new(),
+        };
+        manifest(ValueDtype::Q8).write(&dir).unwrap();
+        assert_eq!(Manifest::read(&dir).unwrap().dtype, ValueDtype::Q8);
+        manifest(ValueDtype::Compact).write(&dir).unwrap();
+        let err = Manifest::read(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains("manifest.json: compact targets of format 3")
+                && err.contains("write them again with `xtoken teach`"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -386,8 +386,8 @@ fn compact_columns(n: usize, confidence: bool) -> usize {
 }
 
 thread_local! {
-    /// This thread's decoded compact block.
-    static DECODED: std::cell::RefCell<compact::Decoded> = Default::default();
+    /// This thread's reader of compact blocks.
+    static READER: std::cell::RefCell<compact::Reader> = Default::default();
 }
 
 /// One stored document, read in place.
@@ -456,17 +456,15 @@ impl DocRecord<'_> {
         self.dtype.decode(&self.bytes[at..at + per], values);
     }
 
-    /// Position `q`'s compact block: decoded, then its best in order.
+    /// Position `q`'s compact block: its best entries, decoded in order.
     fn compact_entries(&self, q: usize, ids: &mut [u32], values: &mut [f32]) {
         let ends = compact_columns(self.n, self.confidence);
         let blocks = ends + 4 * self.n;
         let end = |q: usize| u32_at(self.bytes, ends + 4 * q) as usize;
         let from = if q == 0 { 0 } else { end(q - 1) };
         let block = &self.bytes[blocks + from..blocks + end(q)];
-        DECODED.with(|d| {
-            let decoded = &mut *d.borrow_mut();
-            decoded.read(block, self.k);
-            decoded.best_first(ids, values);
+        READER.with(|r| {
+            r.borrow_mut().best_first(block, self.k, ids, values);
         });
     }
 }
