@@ -47,10 +47,11 @@ pub enum BenchCommand {
     /// `xtoken train`'s whole step (loader, teacher top-K, student forward + backward, losses,
     /// AdamW) on random models with real tokenizer vocabularies: s/step, tokens/s, peak memory.
     Train(train::TrainBenchArgs),
-    /// Stored teacher targets per layout and top-K: bytes a teacher token takes and the error
-    /// of what training reads (log-probabilities, top-K KL, P-KL's loss and gradient) against
-    /// f32, beside DistillKit's schemes, on Zipf-shaped logits at a real vocabulary's width and
-    /// on a trained model's (`--model`, `--text`).
+    /// Stored teacher targets per layout and top-K: bytes a teacher token takes, the error of
+    /// what training reads (log-probabilities, top-K KL, P-KL's loss and gradient) against f32
+    /// and one core's time to read an entry back against f32's, beside DistillKit's schemes, on
+    /// Zipf-shaped logits at a real vocabulary's width and on a trained model's (`--model`,
+    /// `--text`).
     Store(store::StoreBenchArgs),
     /// On-policy against off-policy distillation in `xtoken demo`'s world (after the demo):
     /// the teacher's grade of the student's own answers as each λ trains.

@@ -2,7 +2,8 @@
 //! error of what training reads from it against the exact (f32) values — the largest
 //! `|Δ log q|` of a kept entry, the KL between the decoded and the exact top-K distribution,
 //! and P-KL's loss and student-logit gradient — beside DistillKit's stated schemes (ids in
-//! `⌈log₂ V⌉` bits, an exact bf16 head, the tail a least-squares fit in the rank).
+//! `⌈log₂ V⌉` bits, an exact bf16 head, the tail a least-squares fit in the rank); and for our
+//! layouts the time one core takes to read an entry back, against f32's in the same run.
 //!
 //! The teacher distributions: Zipf-shaped logits over a real vocabulary's width (151,680, as
 //! Qwen3's tokenizer), peaked as language models' outputs are, with the ranked ids either spread
@@ -11,6 +12,7 @@
 //! `--text`: e.g. `xtoken demo`'s teacher on its data).
 
 use std::path::PathBuf;
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use burn::tensor::Tensor;
@@ -176,7 +178,8 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
          distributions, and P-KL (a student of the teacher's vocabulary) — its loss's relative \
          error summed over the positions (where errors of either sign cancel) and per position \
          (mean |ΔL| over mean |L|), and its student-logit gradient's relative error and \
-         1 − cosine.\n"
+         1 − cosine; for our layouts, one core's time to read an entry back (its id and value, \
+         the positions read from the caches over and over), and that against f32's.\n"
     );
     for &synthetic in &args.synthetic {
         let mut rng = SplitMix64(args.seed);
@@ -220,9 +223,9 @@ fn table(what: &str, positions: &[Position], top_k: &[usize]) -> Result<()> {
         positions.len()
     );
     println!(
-        "| K | layout | bytes/token (all in) | entries' bytes | ids' floor (uniform) | max \\|Δ log q\\| | KL | P-KL loss rel. error (sum) | (per position) | gradient rel. error | gradient 1 − cos |"
+        "| K | layout | bytes/token (all in) | entries' bytes | ids' floor (uniform) | max \\|Δ log q\\| | KL | P-KL loss rel. error (sum) | (per position) | gradient rel. error | gradient 1 − cos | read, ns an entry (× f32's) |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut ks: Vec<usize> = top_k.iter().map(|&k| k.min(v)).collect();
     ks.dedup();
     let kmax = ks.iter().copied().max().unwrap_or(1);
@@ -238,7 +241,18 @@ fn table(what: &str, positions: &[Position], top_k: &[usize]) -> Result<()> {
         if k <= 64 {
             layouts.push(BUDGET);
         }
+        let mut f32_read = f64::NAN;
         for layout in layouts {
+            let read = match layout {
+                Layout::Ours(dtype) => {
+                    let ns = read_ns(&prepared, k, dtype);
+                    if dtype == ValueDtype::F32 {
+                        f32_read = ns;
+                    }
+                    format!("{ns:.2} ({:.2}×)", ns / f32_read)
+                }
+                Layout::DistillKit { .. } => "—".into(),
+            };
             let mut tally = Tally::default();
             for p in &prepared {
                 measure(p, k, layout, &mut tally)?;
@@ -246,7 +260,7 @@ fn table(what: &str, positions: &[Position], top_k: &[usize]) -> Result<()> {
             let n = tally.positions.max(1) as f64;
             let floor = ids_floor(v, k);
             println!(
-                "| {k} | {} | {:.0} | {:.0} | {floor:.0} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} |",
+                "| {k} | {} | {:.0} | {:.0} | {floor:.0} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {read} |",
                 layout.name(),
                 tally.bytes / n,
                 tally.entry_bytes / n,
@@ -396,13 +410,62 @@ fn model_positions(
 }
 
 /// Stores position `p`'s top-`k` in `layout`, decodes it, and adds its bytes and errors.
+/// The exact log-probabilities of a position's best `k` entries, best first.
+fn exact_values(p: &Prepared, k: usize) -> Vec<f32> {
+    let z = &p.p.teacher;
+    p.best[..k]
+        .iter()
+        .map(|&i| (z[i as usize] as f64 - p.lse) as f32)
+        .collect()
+}
+
+/// Nanoseconds one core takes to read an entry back (its id and value, into a micro-batch's
+/// slices, as the loader does) in `dtype`'s layout: the positions' encodings read over and over
+/// for [`READ_S`], from the caches (a loader's merge reads them from memory).
+fn read_ns(prepared: &[Prepared], k: usize, dtype: ValueDtype) -> f64 {
+    let encoded: Vec<Vec<u8>> = prepared
+        .iter()
+        .map(|p| {
+            let (ids, exact) = (&p.best[..k], exact_values(p, k));
+            let mut out = Vec::new();
+            if dtype == ValueDtype::Compact {
+                compact::encode(ids, &exact, &mut Vec::new(), &mut out);
+            } else {
+                ids.iter()
+                    .for_each(|id| out.extend_from_slice(&id.to_le_bytes()));
+                dtype.encode(&exact, &mut out);
+            }
+            out
+        })
+        .collect();
+    let (mut ids, mut values) = (vec![0u32; k], vec![0f32; k]);
+    let mut reader = compact::Reader::default();
+    let (started, mut entries) = (Instant::now(), 0usize);
+    while started.elapsed().as_secs_f64() < READ_S {
+        for bytes in &encoded {
+            if dtype == ValueDtype::Compact {
+                reader.best_first(bytes, k, &mut ids, &mut values);
+            } else {
+                let stored = bytes[..4 * k].chunks_exact(4);
+                ids.iter_mut()
+                    .zip(stored)
+                    .for_each(|(id, b)| *id = u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                dtype.decode(&bytes[4 * k..], &mut values);
+            }
+            std::hint::black_box((&mut ids, &mut values));
+            entries += k;
+        }
+    }
+    started.elapsed().as_secs_f64() * 1e9 / entries.max(1) as f64
+}
+
+/// Seconds each layout's reading is timed over.
+const READ_S: f64 = 0.3;
+
 fn measure(p: &Prepared, k: usize, layout: Layout, tally: &mut Tally) -> Result<()> {
     let order = &p.best[..k];
     let z = &p.p.teacher;
-    let exact: Vec<f32> = order
-        .iter()
-        .map(|&i| (z[i as usize] as f64 - p.lse) as f32)
-        .collect();
+    let exact = exact_values(p, k);
     let (decoded, entry_bytes) = store_and_read(order, &exact, layout, z.len())?;
     let all_in = match layout {
         // The token and its observed log-probability (and, in a fixed layout, the confidence

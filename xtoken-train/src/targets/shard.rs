@@ -440,12 +440,13 @@ impl DocRecord<'_> {
     }
 
     /// Position `q`'s first `ids.len()` entries (best first; `values` as long): ids into
-    /// `ids`, values into `values`.
-    pub fn entries(&self, q: usize, ids: &mut [u32], values: &mut [f32]) {
+    /// `ids`, values into `values`; how many it wrote (fewer only where a compact block holds
+    /// fewer).
+    pub fn entries(&self, q: usize, ids: &mut [u32], values: &mut [f32]) -> usize {
         if self.dtype == ValueDtype::Compact {
             return self.compact_entries(q, ids, values);
         }
-        let k = ids.len();
+        let k = ids.len().min(values.len()).min(self.k);
         let top = 24 * self.n + 4 * self.k * q;
         let stored = self.bytes[top..top + 4 * k].chunks_exact(4);
         ids.iter_mut()
@@ -453,18 +454,18 @@ impl DocRecord<'_> {
             .for_each(|(id, b)| *id = u32_at(b, 0));
         let per = self.dtype.value_bytes(self.k);
         let at = 24 * self.n + 4 * self.k * self.n + per * q;
-        self.dtype.decode(&self.bytes[at..at + per], values);
+        self.dtype
+            .decode(&self.bytes[at..at + per], &mut values[..k]);
+        k
     }
 
     /// Position `q`'s compact block: its best entries, decoded in order.
-    fn compact_entries(&self, q: usize, ids: &mut [u32], values: &mut [f32]) {
+    fn compact_entries(&self, q: usize, ids: &mut [u32], values: &mut [f32]) -> usize {
         let ends = compact_columns(self.n, self.confidence);
         let blocks = ends + 4 * self.n;
         let end = |q: usize| u32_at(self.bytes, ends + 4 * q) as usize;
         let from = if q == 0 { 0 } else { end(q - 1) };
         let block = &self.bytes[blocks + from..blocks + end(q)];
-        READER.with(|r| {
-            r.borrow_mut().best_first(block, self.k, ids, values);
-        });
+        READER.with(|r| r.borrow_mut().best_first(block, self.k, ids, values))
     }
 }

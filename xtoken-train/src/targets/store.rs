@@ -49,6 +49,52 @@ pub fn shard_name(data_shard: usize, piece: usize) -> String {
     format!("{data_shard:05}-{piece:05}.xtt")
 }
 
+thread_local! {
+    /// This thread's slot: the entries of one slot as they are read and shifted, in its cache.
+    static SLOT: std::cell::RefCell<(Vec<u32>, Vec<f32>)> = Default::default();
+}
+
+/// The ids and values of `slots` slots of `k` entries, each slot's first ones written by
+/// `fill(slot, ids, values)` (on every core; it returns how many), the rest ids 0 and values
+/// −∞, into a slot of this thread's cache, then copied out once. The vectors are written only
+/// there: zeroing or filling them first, then writing them, passed every byte through memory
+/// twice, and at K = 8192 a merge moves little else.
+fn write_slots(
+    slots: usize,
+    k: usize,
+    fill: impl Fn(usize, &mut [u32], &mut [f32]) -> usize + Sync,
+) -> (Vec<u32>, Vec<f32>) {
+    let n = slots * k;
+    let (mut ids, mut values) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    ids.spare_capacity_mut()[..n]
+        .par_chunks_mut(k.max(1))
+        .zip(values.spare_capacity_mut()[..n].par_chunks_mut(k.max(1)))
+        .enumerate()
+        .for_each(|(slot, (ids_out, values_out))| {
+            SLOT.with(|cell| {
+                let (slot_ids, slot_values) = &mut *cell.borrow_mut();
+                slot_ids.resize(k, 0);
+                slot_values.resize(k, 0.0);
+                let written = fill(slot, &mut slot_ids[..k], &mut slot_values[..k]).min(k);
+                slot_ids[written..k].fill(0);
+                slot_values[written..k].fill(f32::NEG_INFINITY);
+                for (out, &id) in ids_out.iter_mut().zip(&slot_ids[..k]) {
+                    out.write(id);
+                }
+                for (out, &v) in values_out.iter_mut().zip(&slot_values[..k]) {
+                    out.write(v);
+                }
+            });
+        });
+    // SAFETY: the chunks of `k` cover the first `n` elements of both vectors, and every chunk
+    // was written whole above (each slot's `k` values from the thread's slot of `k`).
+    unsafe {
+        ids.set_len(n);
+        values.set_len(n);
+    }
+    (ids, values)
+}
+
 impl Store {
     /// Opens the store in `dir`: reads its manifest, maps and checks every shard (in parallel),
     /// and requires every data shard of the manifest to be complete.
@@ -275,23 +321,22 @@ impl Store {
                 plan.chunk_mask[slot] = 0.0;
             }
         }
+        let (ids, logp) = write_slots(slots, k, |slot, ids, logp| {
+            let Some((doc, q)) = found[slot] else {
+                return 0;
+            };
+            let written = doc.entries(q, ids, logp);
+            for l in &mut logp[..written] {
+                *l = (*l as f64 + sigma[slot]) as f32;
+            }
+            written
+        });
         let mut out = HostEntries {
-            ids: vec![0; slots * k],
-            logp: vec![f32::NEG_INFINITY; slots * k],
+            ids,
+            logp,
             k,
             confidence: None,
         };
-        out.ids
-            .par_chunks_mut(k.max(1))
-            .zip(out.logp.par_chunks_mut(k.max(1)))
-            .zip(found.par_iter().zip(&sigma))
-            .for_each(|((ids, logp), (found, &shift))| {
-                let Some((doc, q)) = found else { return };
-                doc.entries(*q, ids, logp);
-                for l in logp.iter_mut() {
-                    *l = (*l as f64 + shift) as f32;
-                }
-            });
         if confidence {
             out.confidence = Some(rows.confidence(&side.next_token));
         }
