@@ -21,7 +21,7 @@ use xtoken_core::vocab::Vocabulary;
 use xtoken_models::Transformer;
 use xtoken_train::data::rng::{unit, SplitMix64};
 use xtoken_train::targets::compact;
-use xtoken_train::targets::shard::POSITION_BYTES;
+use xtoken_train::targets::shard::{self, POSITION_BYTES};
 use xtoken_train::targets::ValueDtype;
 
 #[derive(Args)]
@@ -446,11 +446,8 @@ fn read_ns(prepared: &[Prepared], k: usize, dtype: ValueDtype) -> f64 {
             if dtype == ValueDtype::Compact {
                 reader.best_first(bytes, k, &mut ids, &mut values);
             } else {
-                let stored = bytes[..4 * k].chunks_exact(4);
-                ids.iter_mut()
-                    .zip(stored)
-                    .for_each(|(id, b)| *id = u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                dtype.decode(&bytes[4 * k..], &mut values);
+                let stored = bytes.split_at(4 * k);
+                shard::fixed_entries(dtype, stored, &mut ids, &mut values);
             }
             std::hint::black_box((&mut ids, &mut values));
             entries += k;

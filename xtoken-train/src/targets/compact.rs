@@ -266,6 +266,8 @@ fn tail_shift(order: &[u64], values: &[f32], largest: f32, scale: Scale) -> f32 
 pub struct Reader {
     /// The head's entries as `fine << 32 | id`.
     head: Vec<u64>,
+    /// The head's ids, as read.
+    head_ids: Vec<u32>,
 }
 
 impl Reader {
@@ -300,8 +302,8 @@ impl Reader {
             left -= *count;
         }
         counts[BUCKETS - 1] = left;
-        let mut at = self.head(&mut bits, counts[0], rice_parameter(span, counts[0], delta));
-        at = at.min(k);
+        self.head(&mut bits, counts[0], rice_parameter(span, counts[0], delta));
+        let mut at = counts[0].min(k);
         for (at_head, &w) in self.head.iter().take(k).enumerate() {
             ids[at_head] = w as u32;
             values[at_head] = match (w >> 32) as u32 {
@@ -326,20 +328,17 @@ impl Reader {
         at
     }
 
-    /// Reads the head's `count` ids and fine codes, ordered by code (ties: the smaller id);
-    /// returns `count`.
-    fn head(&mut self, bits: &mut BitReader<'_>, count: usize, r: u32) -> usize {
+    /// Reads the head's `count` ids and fine codes, ordered by code (ties: the smaller id).
+    fn head(&mut self, bits: &mut BitReader<'_>, count: usize, r: u32) {
+        self.head_ids.resize(count, 0);
+        bits.ids(r, &mut self.head_ids);
         self.head.clear();
-        let mut last = u64::MAX;
-        for _ in 0..count {
-            last = last.wrapping_add(bits.rice(r) + 1);
-            self.head.push(last.min(u32::MAX as u64));
-        }
-        for w in &mut self.head {
-            *w |= bits.take(HEAD_BITS) << 32;
-        }
+        self.head.extend(
+            self.head_ids
+                .iter()
+                .map(|&id| u64::from(id) | bits.take(HEAD_BITS) << 32),
+        );
         self.head.sort_unstable();
-        count
     }
 }
 /// Bits appended least significant first.
@@ -500,23 +499,25 @@ impl<'a> BitReader<'a> {
         }
     }
 
-    /// [`Self::ids`], `N` codes a top-up.
+    /// [`Self::ids`], `N` codes a top-up (the last top-up for the fewer left).
     #[inline(always)]
     fn ids_by<const N: usize>(&mut self, r: u32, ids: &mut [u32]) {
         let low_bits = (1u64 << r) - 1;
         let mut last = u64::MAX;
         let mut groups = ids.chunks_exact_mut(N);
         for group in &mut groups {
-            self.refill();
-            for id in group {
-                last = last.wrapping_add(self.gap(r, low_bits) + 1);
-                *id = last.min(u32::MAX as u64) as u32;
-            }
+            self.topped_up_ids(r, low_bits, &mut last, group);
         }
-        for id in groups.into_remainder() {
-            self.refill();
-            last = last.wrapping_add(self.gap(r, low_bits) + 1);
-            *id = last.min(u32::MAX as u64) as u32;
+        self.topped_up_ids(r, low_bits, &mut last, groups.into_remainder());
+    }
+
+    /// The ids of `ids.len()` gaps after one top-up, counted on from `last`.
+    #[inline(always)]
+    fn topped_up_ids(&mut self, r: u32, low_bits: u64, last: &mut u64, ids: &mut [u32]) {
+        self.refill();
+        for id in ids {
+            *last = last.wrapping_add(self.gap(r, low_bits) + 1);
+            *id = (*last).min(u32::MAX as u64) as u32;
         }
     }
 

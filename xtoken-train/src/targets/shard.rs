@@ -385,6 +385,21 @@ fn compact_columns(n: usize, confidence: bool) -> usize {
     }
 }
 
+/// A fixed layout's entries: `stored` is a position's ids (`u32`, little-endian) and its
+/// values in `dtype`; as many as `ids` and `values` hold.
+pub fn fixed_entries(
+    dtype: ValueDtype,
+    stored: (&[u8], &[u8]),
+    ids: &mut [u32],
+    values: &mut [f32],
+) {
+    let (id_bytes, value_bytes) = stored;
+    ids.iter_mut()
+        .zip(id_bytes.chunks_exact(4))
+        .for_each(|(id, b)| *id = u32_at(b, 0));
+    dtype.decode(value_bytes, values);
+}
+
 thread_local! {
     /// This thread's reader of compact blocks.
     static READER: std::cell::RefCell<compact::Reader> = Default::default();
@@ -448,14 +463,10 @@ impl DocRecord<'_> {
         }
         let k = ids.len().min(values.len()).min(self.k);
         let top = 24 * self.n + 4 * self.k * q;
-        let stored = self.bytes[top..top + 4 * k].chunks_exact(4);
-        ids.iter_mut()
-            .zip(stored)
-            .for_each(|(id, b)| *id = u32_at(b, 0));
         let per = self.dtype.value_bytes(self.k);
         let at = 24 * self.n + 4 * self.k * self.n + per * q;
-        self.dtype
-            .decode(&self.bytes[at..at + per], &mut values[..k]);
+        let stored = (&self.bytes[top..top + 4 * k], &self.bytes[at..at + per]);
+        fixed_entries(self.dtype, stored, &mut ids[..k], &mut values[..k]);
         k
     }
 
