@@ -55,12 +55,13 @@ pub enum HostTargets {
 
 /// The store format this build writes (2: the manifest's checksum, the shards' temperature;
 /// 3: the compact layout, the manifest's `confidence` and `error_bound`; 4: compact blocks
-/// stored bucket by bucket, best first). It reads 2 to 4, but not format 3's compact blocks.
-pub const FORMAT: u32 = 4;
+/// stored bucket by bucket, best first; 5: their Rice parameters scaled with the ids where that
+/// costs fewer bits). It reads 2 to 5, but compact blocks only of format 5.
+pub const FORMAT: u32 = 5;
 
-/// The format whose compact blocks (ids in one sorted run, a code an entry) this build no
-/// longer reads.
-const SORTED_COMPACT_FORMAT: u32 = 3;
+/// The first format whose compact blocks this build reads (3's held ids in one sorted run and
+/// a code an entry, 4's one Rice parameter a bucket).
+const COMPACT_FORMAT: u32 = 5;
 
 /// The oldest store format this build reads.
 const OLDEST_FORMAT: u32 = 2;
@@ -267,12 +268,13 @@ impl Manifest {
             )));
         }
         let manifest: Self = serde_json::from_value(value).with_context(not_one)?;
-        if manifest.format == SORTED_COMPACT_FORMAT && manifest.dtype == ValueDtype::Compact {
+        if manifest.format < COMPACT_FORMAT && manifest.dtype == ValueDtype::Compact {
             return Err(Error::Targets(format!(
-                "{}: compact targets of format {SORTED_COMPACT_FORMAT}, whose blocks this build \
-                 no longer reads (format {FORMAT} stores them best first, to read faster); write \
-                 them again with `xtoken teach`",
-                path.display()
+                "{}: compact targets of format {}, whose blocks this build no longer reads \
+                 (format {FORMAT} codes them to read faster); write them again with `xtoken \
+                 teach`",
+                path.display(),
+                manifest.format
             )));
         }
         Ok(manifest)
@@ -430,13 +432,14 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
-    /// A format-3 store's compact blocks are refused by name; its fixed layouts still read.
+    /// Format-3 and format-4 stores' compact blocks are refused by name; their fixed layouts
+    /// still read.
     #[test]
-    fn format_3_compact_blocks_are_refused() {
+    fn older_compact_blocks_are_refused() {
         let dir = std::env::temp_dir().join(format!("xtoken-format-3-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let manifest = |dtype| Manifest {
-            format: 3,
+        let manifest = |format, dtype| Manifest {
+            format,
             teacher: "t".into(),
             model: "m".into(),
             config_sha256: String::new(),
@@ -454,15 +457,20 @@ mod tests {
             text_field: "text".into(),
             data: Vec::new(),
         };
-        manifest(ValueDtype::Q8).write(&dir).unwrap();
-        assert_eq!(Manifest::read(&dir).unwrap().dtype, ValueDtype::Q8);
-        manifest(ValueDtype::Compact).write(&dir).unwrap();
-        let err = Manifest::read(&dir).unwrap_err().to_string();
-        assert!(
-            err.contains("manifest.json: compact targets of format 3")
-                && err.contains("write them again with `xtoken teach`"),
-            "{err}"
-        );
+        for format in [3, 4] {
+            manifest(format, ValueDtype::Q8).write(&dir).unwrap();
+            assert_eq!(Manifest::read(&dir).unwrap().dtype, ValueDtype::Q8);
+            manifest(format, ValueDtype::Compact).write(&dir).unwrap();
+            let err = Manifest::read(&dir).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "manifest.json: compact targets of format {format}"
+                )) && err.contains("write them again with `xtoken teach`"),
+                "{err}"
+            );
+        }
+        manifest(5, ValueDtype::Compact).write(&dir).unwrap();
+        assert_eq!(Manifest::read(&dir).unwrap().dtype, ValueDtype::Compact);
         std::fs::remove_dir_all(&dir).ok();
     }
 
