@@ -50,7 +50,8 @@ pub enum BenchCommand {
     /// Stored teacher targets per layout and top-K: bytes a teacher token takes, the error of
     /// what training reads (log-probabilities, top-K KL, P-KL's loss and gradient) against f32
     /// and one core's time to read an entry back against f32's, beside DistillKit's schemes, on
-    /// Zipf-shaped logits at a real vocabulary's width and on a trained model's (`--model`,
+    /// Zipf-shaped logits at a real vocabulary's width (ids spread evenly, by a Zipf prior, or by a
+    /// real tokenizer's token frequencies: `--frequencies`) and on a trained model's (`--model`,
     /// `--text`).
     Store(store::StoreBenchArgs),
     /// On-policy against off-policy distillation in `xtoken demo`'s world (after the demo):

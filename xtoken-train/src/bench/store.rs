@@ -7,9 +7,10 @@
 //!
 //! The teacher distributions: Zipf-shaped logits over a real vocabulary's width (151,680, as
 //! Qwen3's tokenizer), peaked as language models' outputs are, with the ranked ids either spread
-//! uniformly over the vocabulary or drawn by a Zipf prior over the id (BPE ids follow the merge
-//! order, which follows frequency); and a trained model's own logits on a text (`--model`,
-//! `--text`: e.g. `xtoken demo`'s teacher on its data).
+//! uniformly over the vocabulary, drawn by a Zipf prior over the id (BPE ids follow the merge
+//! order, which follows frequency) or drawn by a real tokenizer's token frequencies in this
+//! machine's English prose (`--frequencies`); and a trained model's own logits on a text
+//! (`--model`, `--text`: e.g. `xtoken demo`'s teacher on its data).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -50,6 +51,10 @@ pub struct StoreBenchArgs {
     /// A JSONL file of `{"text": …}` documents for `--model`.
     #[arg(long, requires = "model")]
     text: Option<PathBuf>,
+    /// A tokenizer (directory or tokenizer.json) whose tokens' frequencies in this machine's
+    /// English prose (as `bench align` reads it) draw the ranked ids of one more distribution.
+    #[arg(long)]
+    frequencies: Option<PathBuf>,
     #[arg(long, default_value_t = 7)]
     seed: u64,
 }
@@ -181,10 +186,15 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
          1 − cosine; for our layouts, one core's time to read an entry back (its id and value, \
          the positions read from the caches over and over), and that against f32's.\n"
     );
+    let zipf_prior: Vec<f64> = (0..args.vocab).map(|id| -((id + 50) as f64).ln()).collect();
     for &synthetic in &args.synthetic {
         let mut rng = SplitMix64(args.seed);
+        let ids = match synthetic {
+            Synthetic::ZipfUniform => Ids::Uniform,
+            Synthetic::ZipfFrequency => Ids::Weighted(&zipf_prior),
+        };
         let positions: Vec<Position> = (0..args.positions)
-            .map(|_| synthetic_position(synthetic, args.vocab, &mut rng))
+            .map(|_| synthetic_position(ids, args.vocab, &mut rng))
             .collect();
         let what = match synthetic {
             Synthetic::ZipfUniform => "Zipf-shaped logits, ranked ids uniform over the vocabulary",
@@ -194,6 +204,22 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
         };
         table(
             &format!("{what} (V = {})", args.vocab),
+            &positions,
+            &args.top_k,
+        )?;
+    }
+    if let Some(tokenizer) = &args.frequencies {
+        let (log_weights, what) = token_frequencies(tokenizer, args.vocab)?;
+        println!("{}", most_frequent_ids(&log_weights, &args.top_k));
+        let mut rng = SplitMix64(args.seed);
+        let positions: Vec<Position> = (0..args.positions)
+            .map(|_| synthetic_position(Ids::Weighted(&log_weights), args.vocab, &mut rng))
+            .collect();
+        table(
+            &format!(
+                "Zipf-shaped logits, ranked ids by {what} (V = {})",
+                args.vocab
+            ),
             &positions,
             &args.top_k,
         )?;
@@ -314,24 +340,83 @@ fn normal(rng: &mut SplitMix64) -> f64 {
     (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * w).cos()
 }
 
+/// How a synthetic position's ids take their ranks.
+#[derive(Clone, Copy)]
+enum Ids<'a> {
+    /// A uniform shuffle of the vocabulary.
+    Uniform,
+    /// A Gumbel-top draw by these log-weights (one an id): the ranked ids are a draw without
+    /// replacement in proportion to the weights.
+    Weighted(&'a [f64]),
+}
+
+/// The log-weights of a tokenizer's ids by their tokens' counts (+ 1) in this machine's English
+/// prose, and what they are, in words.
+fn token_frequencies(tokenizer: &std::path::Path, v: usize) -> Result<(Vec<f64>, String)> {
+    let vocab = Vocabulary::load(tokenizer)?;
+    let prose = super::corpora::all(8 << 20)
+        .into_iter()
+        .flatten()
+        .find(|c| c.kind == "prose")
+        .context("no English prose on this machine (licenses, vim help) to count tokens in")?;
+    let mut counts = vec![1f64; v];
+    let mut tokens = 0usize;
+    for doc in super::corpora::split(&prose.text, 100 << 10) {
+        for id in vocab.encode(doc)? {
+            if let Some(c) = counts.get_mut(id as usize) {
+                *c += 1.0;
+            }
+            tokens += 1;
+        }
+    }
+    let what = format!(
+        "{}'s token frequencies in {} ({} tokens)",
+        tokenizer.display(),
+        prose.source,
+        tokens
+    );
+    Ok((counts.iter().map(|c| c.ln()).collect(), what))
+}
+
+/// Where a vocabulary's most frequent tokens sit: the median id of the `k` heaviest ids for each
+/// `k` (ties: the smaller id).
+fn most_frequent_ids(log_weights: &[f64], ks: &[usize]) -> String {
+    let mut ranked: Vec<u32> = (0..log_weights.len() as u32).collect();
+    ranked.sort_by(|&x, &y| log_weights[y as usize].total_cmp(&log_weights[x as usize]));
+    let medians: Vec<String> = ks
+        .iter()
+        .map(|&k| {
+            let mut top = ranked[..k.min(ranked.len())].to_vec();
+            top.sort_unstable();
+            let median = top.get(top.len() / 2).copied().unwrap_or(0);
+            format!("K = {k}: {median}")
+        })
+        .collect();
+    format!(
+        "The median id of the K most frequent tokens, of {}: {}\n",
+        log_weights.len(),
+        medians.join(", ")
+    )
+}
+
 /// A synthetic position: the value of rank `r` is `−a·ln r + 0.5·N(0, 1)` with `a` drawn from
 /// `[1.1, 2.6]` per position (peaked as LM outputs: see each table's entropy and top-1
-/// probability); the ids take their ranks uniformly or by a Zipf(1) prior over the id (a
+/// probability); the ids take their ranks as `ids` says (the Zipf(1) prior over the id: a
 /// Gumbel-top draw by `−ln(id + 50)`). The student is `0.8·z + 0.5·N(0, 1)`.
-fn synthetic_position(kind: Synthetic, v: usize, rng: &mut SplitMix64) -> Position {
+fn synthetic_position(ids: Ids<'_>, v: usize, rng: &mut SplitMix64) -> Position {
     let a = 1.1 + 1.5 * unit(rng.next_u64());
     let mut order: Vec<u32> = (0..v as u32).collect();
-    match kind {
-        Synthetic::ZipfUniform => {
+    match ids {
+        Ids::Uniform => {
             for i in (1..v).rev() {
                 order.swap(i, rng.below(i as u64 + 1) as usize);
             }
         }
-        Synthetic::ZipfFrequency => {
+        Ids::Weighted(log_weights) => {
             let keys: Vec<f64> = (0..v)
                 .map(|id| {
                     let gumbel = -(-unit(rng.next_u64()).max(1e-300).ln()).ln();
-                    -((id + 50) as f64).ln() + gumbel
+                    log_weights.get(id).copied().unwrap_or(f64::NEG_INFINITY) + gumbel
                 })
                 .collect();
             order.sort_unstable_by(|&x, &y| keys[y as usize].total_cmp(&keys[x as usize]));
