@@ -59,6 +59,7 @@ const INPUTS: &[&str] = &[
     "bench train/teacher_tokenizer",
     "bench store/model",
     "bench store/text",
+    "bench store/frequencies",
     "bench on-policy/demo",
     "serve/model",
     "serve/tokenizer",
