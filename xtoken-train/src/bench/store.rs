@@ -262,6 +262,7 @@ fn table(what: &str, positions: &[Position], top_k: &[usize]) -> Result<()> {
             Layout::Ours(ValueDtype::Bf16),
             Layout::Ours(ValueDtype::Q8),
             Layout::Ours(ValueDtype::Compact),
+            Layout::Ours(ValueDtype::Packed),
             RECOMMENDED,
         ];
         if k <= 64 {
@@ -513,8 +514,8 @@ fn read_ns(prepared: &[Prepared], k: usize, dtype: ValueDtype) -> f64 {
         .map(|p| {
             let (ids, exact) = (&p.best[..k], exact_values(p, k));
             let mut out = Vec::new();
-            if dtype == ValueDtype::Compact {
-                compact::encode(ids, &exact, &mut Vec::new(), &mut out);
+            if let Some(code) = dtype.id_code() {
+                compact::encode(ids, &exact, code, &mut Vec::new(), &mut out);
             } else {
                 ids.iter()
                     .for_each(|id| out.extend_from_slice(&id.to_le_bytes()));
@@ -528,8 +529,8 @@ fn read_ns(prepared: &[Prepared], k: usize, dtype: ValueDtype) -> f64 {
     let (started, mut entries) = (Instant::now(), 0usize);
     while started.elapsed().as_secs_f64() < READ_S {
         for bytes in &encoded {
-            if dtype == ValueDtype::Compact {
-                reader.best_first(bytes, k, &mut ids, &mut values);
+            if let Some(code) = dtype.id_code() {
+                reader.best_first(bytes, code, k, &mut ids, &mut values, 0.0);
             } else {
                 let stored = bytes.split_at(4 * k);
                 shard::fixed_entries(dtype, stored, &mut ids, &mut values);
@@ -552,7 +553,7 @@ fn measure(p: &Prepared, k: usize, layout: Layout, tally: &mut Tally) -> Result<
     let all_in = match layout {
         // The token and its observed log-probability (and, in a fixed layout, the confidence
         // terms) besides the entries; the compact layout's block end.
-        Layout::Ours(ValueDtype::Compact) => 12,
+        Layout::Ours(ValueDtype::Compact | ValueDtype::Packed) => 12,
         Layout::Ours(_) => POSITION_BYTES,
         Layout::DistillKit { .. } => 0,
     };
@@ -572,11 +573,13 @@ fn store_and_read(
 ) -> Result<(Vec<f32>, usize)> {
     let k = ids.len();
     match layout {
-        Layout::Ours(ValueDtype::Compact) => {
+        Layout::Ours(dtype @ (ValueDtype::Compact | ValueDtype::Packed)) => {
+            let code = dtype.id_code().unwrap_or_default();
             let mut block = Vec::new();
-            compact::encode(ids, exact, &mut Vec::new(), &mut block);
+            compact::encode(ids, exact, code, &mut Vec::new(), &mut block);
             let (mut read_ids, mut read) = (vec![0u32; k], vec![0f32; k]);
-            compact::Reader::default().best_first(&block, k, &mut read_ids, &mut read);
+            let mut reader = compact::Reader::default();
+            reader.best_first(&block, code, k, &mut read_ids, &mut read, 0.0);
             // Back to the exact values' order (through the decoded entries sorted by id).
             let mut by_id: Vec<(u32, f32)> = read_ids.into_iter().zip(read).collect();
             by_id.sort_unstable_by_key(|e| e.0);

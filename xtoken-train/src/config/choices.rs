@@ -163,6 +163,10 @@ pub enum ValueDtype {
     /// bits an entry); the confidence terms only with `teach.confidence`. About
     /// `log₂(V/K) + 6` bits an entry.
     Compact,
+    /// The compact layout with a code's ids bit-packed 32 at a time (the last fewer than 32
+    /// Rice-coded): about 1.2 bits an entry more where a code holds hundreds of ids (K in the
+    /// thousands), read ~3× faster; at K ≤ 128 as small as `compact`.
+    Packed,
 }
 
 impl ValueDtype {
@@ -173,10 +177,12 @@ impl ValueDtype {
             "bf16" => Ok(Self::Bf16),
             "q8" | "8bit" | "int8" => Ok(Self::Q8),
             "compact" => Ok(Self::Compact),
+            "packed" => Ok(Self::Packed),
             _ => Err(Error::Config(format!(
                 "{key} = {value:?}: expected \"f32\", \"bf16\", \"q8\" (8-bit relative to each \
-                 position's largest value) or \"compact\" (ids Rice-coded per value code, best first; a \
-                 12-bit head and 5-bit tail codes)"
+                 position's largest value), \"compact\" (ids Rice-coded per value code, best first; a \
+                 12-bit head and 5-bit tail codes) or \"packed\" (compact with ids bit-packed 32 at a \
+                 time: more bytes at large K, read faster)"
             ))),
         }
     }
@@ -187,6 +193,7 @@ impl ValueDtype {
             Self::Bf16 => "bf16",
             Self::Q8 => "q8",
             Self::Compact => "compact",
+            Self::Packed => "packed",
         }
     }
 }

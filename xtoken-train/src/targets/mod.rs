@@ -75,13 +75,22 @@ pub const MANIFEST: &str = "manifest.json";
 pub use crate::config::ValueDtype;
 
 impl ValueDtype {
-    /// Bytes of one position's `k` values in a fixed layout (the compact layout's vary: 0).
+    /// How a compact layout's blocks code their ids (`None`: a fixed layout).
+    pub fn id_code(self) -> Option<compact::IdCode> {
+        match self {
+            Self::Compact => Some(compact::IdCode::Rice),
+            Self::Packed => Some(compact::IdCode::Packed),
+            Self::F32 | Self::Bf16 | Self::Q8 => None,
+        }
+    }
+
+    /// Bytes of one position's `k` values in a fixed layout (the compact layouts' vary: 0).
     pub fn value_bytes(self, k: usize) -> usize {
         match self {
             Self::F32 => 4 * k,
             Self::Bf16 => 2 * k,
             Self::Q8 => k + 8,
-            Self::Compact => 0,
+            Self::Compact | Self::Packed => 0,
         }
     }
 
@@ -94,7 +103,7 @@ impl ValueDtype {
                 "|Δ| ≤ (m − min)/510 (m, min: the position's largest and smallest kept \
                          values; m exact)"
             }
-            Self::Compact => {
+            Self::Compact | Self::Packed => {
                 "|Δ| ≤ 0.0005 in the head (within h = min(4, m + 5.55) nats of m), \
                               ≤ 0.066·(R − h) below (m: the position's largest kept value, \
                               exact; R = m − min; the kept mass and the ids exact)"
@@ -118,7 +127,7 @@ impl ValueDtype {
                 out.extend(values.iter().map(|&v| q8_code(max, step, v)));
             }
             // Its blocks carry ids too: `compact::encode`.
-            Self::Compact => {}
+            Self::Compact | Self::Packed => {}
         }
     }
 
@@ -141,7 +150,7 @@ impl ValueDtype {
                 let codes = out.iter_mut().zip(&bytes[8..]);
                 codes.for_each(|(v, &q)| *v = max - q as f32 * step);
             }
-            Self::Compact => {}
+            Self::Compact | Self::Packed => {}
         }
     }
 
@@ -155,7 +164,7 @@ impl ValueDtype {
                 let step = (max - min) / 255.0;
                 step * 0.5 + (max.abs() + 255.0 * step) * f32::EPSILON * 4.0
             }
-            Self::Compact => compact::error_bound(max, max - min, max - v),
+            Self::Compact | Self::Packed => compact::error_bound(max, max - min, max - v),
         }
     }
 }
@@ -230,7 +239,7 @@ impl Manifest {
     /// and its `top_k` entries (ids and values); `None` for the compact layout, whose blocks
     /// vary with the ids (`xtoken bench store` measures them).
     pub fn bytes_per_token(top_k: usize, dtype: ValueDtype) -> Option<usize> {
-        (dtype != ValueDtype::Compact)
+        (dtype.id_code().is_none())
             .then(|| shard::POSITION_BYTES + 4 * top_k + dtype.value_bytes(top_k))
     }
 
@@ -268,7 +277,7 @@ impl Manifest {
             )));
         }
         let manifest: Self = serde_json::from_value(value).with_context(not_one)?;
-        if manifest.format < COMPACT_FORMAT && manifest.dtype == ValueDtype::Compact {
+        if manifest.format < COMPACT_FORMAT && manifest.dtype.id_code().is_some() {
             return Err(Error::Targets(format!(
                 "{}: compact targets of format {}, whose blocks this build no longer reads \
                  (format {FORMAT} codes them to read faster); write them again with `xtoken \
@@ -362,6 +371,7 @@ mod tests {
             (ValueDtype::F32, true),
             (ValueDtype::Compact, true),
             (ValueDtype::Compact, false),
+            (ValueDtype::Packed, false),
         ];
         for (dtype, confidence) in layouts {
             let path = dir.join("00000-00000.xtt");
@@ -382,7 +392,7 @@ mod tests {
                 let t = targets(ids.len(), 5, d as u32);
                 for q in 0..ids.len() {
                     let (mut top, mut values) = (vec![0u32; 5], vec![0f32; 5]);
-                    doc.entries(q, &mut top, &mut values);
+                    doc.entries(q, &mut top, &mut values, 0.0);
                     let row = q * 5..q * 5 + 5;
                     let (min, max) = (t.logp[row.end - 1], t.logp[row.start]);
                     let mut got: Vec<(u32, f32)> = top.into_iter().zip(values).collect();
@@ -411,7 +421,7 @@ mod tests {
                 }
                 if dtype == ValueDtype::F32 && !ids.is_empty() {
                     let (mut top, mut values) = (vec![0u32; 3], vec![0f32; 3]);
-                    doc.entries(0, &mut top, &mut values);
+                    doc.entries(0, &mut top, &mut values, 0.0);
                     assert_eq!(top, t.ids[..3]);
                     assert_eq!(values, t.logp[..3]);
                 }

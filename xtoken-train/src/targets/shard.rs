@@ -7,7 +7,7 @@
 //! `bf16`, `q8`):
 //! `ids [n] u32 · observed [n] f32 · neg_ce [n] f32 · max_prob [n] f32 · neg_entropy [n] f64 ·
 //! top ids [n, k] u32 · values [n] × (k values in the store's dtype)`;
-//! in the compact layout ([`super::compact`]), where the confidence columns are there only when
+//! in the compact layouts (`compact`, `packed`: [`super::compact`]), where the confidence columns are there only when
 //! the header's flags say so and each position's entries are a block of its own length:
 //! `ids [n] u32 · observed [n] f32 · (neg_ce · max_prob · neg_entropy) · ends [n] u32 ·
 //! blocks` (`ends[q]`: the end of position `q`'s block, from the first block's start).
@@ -52,7 +52,7 @@ impl ShardWriter {
     /// An empty shard of `k` entries per position in `dtype`, tempered at `temperature`, with
     /// the confidence columns when `confidence` (the fixed layouts always have them).
     pub fn new(k: usize, dtype: ValueDtype, temperature: f64, confidence: bool) -> Self {
-        let confidence = confidence || dtype != ValueDtype::Compact;
+        let confidence = confidence || dtype.id_code().is_none();
         let mut body = Vec::with_capacity(1 << 20);
         body.extend_from_slice(HEAD);
         body.extend_from_slice(&(k as u32).to_le_bytes());
@@ -61,6 +61,7 @@ impl ShardWriter {
             ValueDtype::Bf16 => 1,
             ValueDtype::Q8 => 2,
             ValueDtype::Compact => 3,
+            ValueDtype::Packed => 4,
         });
         body.push(if confidence { 0 } else { NO_CONFIDENCE });
         body.extend_from_slice(&[0; 2]);
@@ -127,8 +128,8 @@ impl ShardWriter {
                 .iter()
                 .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
         }
-        if self.dtype == ValueDtype::Compact {
-            self.push_blocks(targets);
+        if let Some(code) = self.dtype.id_code() {
+            self.push_blocks(targets, code);
             return Ok(());
         }
         targets
@@ -145,7 +146,7 @@ impl ShardWriter {
 
     /// The compact layout's `ends` and blocks of a document's positions, encoded on every
     /// core.
-    fn push_blocks(&mut self, targets: &PositionTargets) {
+    fn push_blocks(&mut self, targets: &PositionTargets, code: compact::IdCode) {
         let k = self.k.max(1);
         let blocks: Vec<Vec<u8>> = targets
             .ids
@@ -153,7 +154,7 @@ impl ShardWriter {
             .zip(targets.logp.par_chunks_exact(k))
             .map_init(Vec::new, |order, (ids, logp)| {
                 let mut block = Vec::with_capacity(compact::BLOCK_HEADER + 2 * k);
-                compact::encode(ids, logp, order, &mut block);
+                compact::encode(ids, logp, code, order, &mut block);
                 block
             })
             .collect();
@@ -278,9 +279,10 @@ impl ShardReader {
             1 => ValueDtype::Bf16,
             2 => ValueDtype::Q8,
             3 => ValueDtype::Compact,
+            4 => ValueDtype::Packed,
             _ => return Err(damaged("an unknown value dtype")),
         };
-        let confidence = dtype != ValueDtype::Compact || map[13] & NO_CONFIDENCE == 0;
+        let confidence = dtype.id_code().is_none() || map[13] & NO_CONFIDENCE == 0;
         let (index_offset, docs) = (u64_at(&map, foot) as usize, u64_at(&map, foot + 8) as usize);
         if index_offset + docs * INDEX_ENTRY_BYTES != foot {
             return Err(damaged("its index does not end at its footer"));
@@ -363,7 +365,7 @@ struct Layout {
 impl Layout {
     /// Bytes of the record of `n` positions at `start` of `map` (`None`: it runs past it).
     fn record_bytes(&self, map: &[u8], start: usize, n: usize) -> Option<usize> {
-        if self.dtype != ValueDtype::Compact {
+        if self.dtype.id_code().is_none() {
             return Some(n * (POSITION_BYTES + 4 * self.k + self.dtype.value_bytes(self.k)));
         }
         let blocks = compact_columns(n, self.confidence) + 4 * n;
@@ -455,11 +457,12 @@ impl DocRecord<'_> {
     }
 
     /// Position `q`'s first `ids.len()` entries (best first; `values` as long): ids into
-    /// `ids`, values into `values`; how many it wrote (fewer only where a compact block holds
+    /// `ids`, values plus `shift` (added in f64, as the merge shifts a slot by its
+    /// continuation) into `values`; how many it wrote (fewer only where a compact block holds
     /// fewer).
-    pub fn entries(&self, q: usize, ids: &mut [u32], values: &mut [f32]) -> usize {
-        if self.dtype == ValueDtype::Compact {
-            return self.compact_entries(q, ids, values);
+    pub fn entries(&self, q: usize, ids: &mut [u32], values: &mut [f32], shift: f64) -> usize {
+        if let Some(code) = self.dtype.id_code() {
+            return self.compact_entries(q, code, ids, values, shift);
         }
         let k = ids.len().min(values.len()).min(self.k);
         let top = 24 * self.n + 4 * self.k * q;
@@ -467,16 +470,29 @@ impl DocRecord<'_> {
         let at = 24 * self.n + 4 * self.k * self.n + per * q;
         let stored = (&self.bytes[top..top + 4 * k], &self.bytes[at..at + per]);
         fixed_entries(self.dtype, stored, &mut ids[..k], &mut values[..k]);
+        for v in &mut values[..k] {
+            *v = (*v as f64 + shift) as f32;
+        }
         k
     }
 
     /// Position `q`'s compact block: its best entries, decoded in order.
-    fn compact_entries(&self, q: usize, ids: &mut [u32], values: &mut [f32]) -> usize {
+    fn compact_entries(
+        &self,
+        q: usize,
+        code: compact::IdCode,
+        ids: &mut [u32],
+        values: &mut [f32],
+        shift: f64,
+    ) -> usize {
         let ends = compact_columns(self.n, self.confidence);
         let blocks = ends + 4 * self.n;
         let end = |q: usize| u32_at(self.bytes, ends + 4 * q) as usize;
         let from = if q == 0 { 0 } else { end(q - 1) };
         let block = &self.bytes[blocks + from..blocks + end(q)];
-        READER.with(|r| r.borrow_mut().best_first(block, self.k, ids, values))
+        READER.with(|r| {
+            r.borrow_mut()
+                .best_first(block, code, self.k, ids, values, shift)
+        })
     }
 }

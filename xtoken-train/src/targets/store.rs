@@ -325,11 +325,7 @@ impl Store {
             let Some((doc, q)) = found[slot] else {
                 return 0;
             };
-            let written = doc.entries(q, ids, logp);
-            for l in &mut logp[..written] {
-                *l = (*l as f64 + sigma[slot]) as f32;
-            }
-            written
+            doc.entries(q, ids, logp, sigma[slot])
         });
         let mut out = HostEntries {
             ids,

@@ -27,7 +27,7 @@ use crate::output::{claim_work_dir, Inputs};
 use crate::targets::served::ServedTeacher;
 use crate::targets::shard::{ShardReader, ShardWriter};
 use crate::targets::store::{shard_files, shard_name};
-use crate::targets::{Manifest, ValueDtype, FORMAT, MANIFEST};
+use crate::targets::{Manifest, FORMAT, MANIFEST};
 use crate::train::teachers::{dtype_of, tokens};
 
 /// What one teacher's pass wrote.
@@ -164,7 +164,7 @@ impl<B: XTokenBackend> TeacherPass<B> {
             top_k: config.teach.top_k.min(vocab_size),
             dtype: config.teach_dtype()?,
             error_bound: config.teach_dtype()?.bound_text().into(),
-            confidence: config.teach.confidence || config.teach_dtype()? != ValueDtype::Compact,
+            confidence: config.teach.confidence || config.teach_dtype()?.id_code().is_none(),
             temperature: config.loss.temperature,
             window,
             shard_documents: config.teach.shard_documents,

@@ -127,8 +127,9 @@ fn stored_targets_at_f32_train_exactly_as_the_online_teacher() {
     }
 }
 
-/// bf16 and 8-bit stores train within their rounding of the f32 store's losses; a smaller K
-/// than stored reads the best entries.
+/// bf16 and 8-bit stores train within their rounding of the f32 store's losses, a packed one
+/// exactly as the compact one (they code the same values, the ids each way exactly); a smaller
+/// K than stored reads the best entries.
 #[test]
 fn rounded_stores_train_close_to_the_exact_one() {
     let f = fixture("stored-rounded");
@@ -137,7 +138,7 @@ fn rounded_stores_train_close_to_the_exact_one() {
         f.teacher.display()
     );
     let mut losses = Vec::new();
-    for dtype in ["f32", "bf16", "q8", "compact"] {
+    for dtype in ["f32", "bf16", "q8", "compact", "packed"] {
         let config = run_config(
             &f,
             &format!("teach-{dtype}"),
@@ -161,6 +162,7 @@ fn rounded_stores_train_close_to_the_exact_one() {
     // The compact layout's values err by at most 0.0005 in the head (within 4 nats of the
     // largest), where the mass is, and 0.066 of the rest of the range below.
     let (exact, bf16, q8, compact) = (losses[0], losses[1], losses[2], losses[3]);
+    assert_eq!(losses[4].to_bits(), compact.to_bits(), "{losses:?}");
     assert!(
         (bf16 - exact).abs() <= exact.abs() * 0.02 + 1e-3,
         "{losses:?}"
