@@ -553,7 +553,7 @@ fn measure(p: &Prepared, k: usize, layout: Layout, tally: &mut Tally) -> Result<
     let all_in = match layout {
         // The token and its observed log-probability (and, in a fixed layout, the confidence
         // terms) besides the entries; the compact layout's block end.
-        Layout::Ours(ValueDtype::Compact | ValueDtype::Packed) => 12,
+        Layout::Ours(dtype) if dtype.id_code().is_some() => 12,
         Layout::Ours(_) => POSITION_BYTES,
         Layout::DistillKit { .. } => 0,
     };
@@ -573,33 +573,16 @@ fn store_and_read(
 ) -> Result<(Vec<f32>, usize)> {
     let k = ids.len();
     match layout {
-        Layout::Ours(dtype @ (ValueDtype::Compact | ValueDtype::Packed)) => {
-            let code = dtype.id_code().unwrap_or_default();
-            let mut block = Vec::new();
-            compact::encode(ids, exact, code, &mut Vec::new(), &mut block);
-            let (mut read_ids, mut read) = (vec![0u32; k], vec![0f32; k]);
-            let mut reader = compact::Reader::default();
-            reader.best_first(&block, code, k, &mut read_ids, &mut read, 0.0);
-            // Back to the exact values' order (through the decoded entries sorted by id).
-            let mut by_id: Vec<(u32, f32)> = read_ids.into_iter().zip(read).collect();
-            by_id.sort_unstable_by_key(|e| e.0);
-            let decoded = ids
-                .iter()
-                .map(|id| {
-                    let at = by_id.binary_search_by_key(id, |e| e.0);
-                    at.map(|i| by_id[i].1)
-                        .map_err(|_| anyhow::anyhow!("compact lost id {id}"))
-                })
-                .collect::<Result<Vec<f32>>>()?;
-            Ok((decoded, block.len()))
-        }
-        Layout::Ours(dtype) => {
-            let mut bytes = Vec::new();
-            dtype.encode(exact, &mut bytes);
-            let mut decoded = vec![0f32; k];
-            dtype.decode(&bytes, &mut decoded);
-            Ok((decoded, 4 * k + bytes.len()))
-        }
+        Layout::Ours(dtype) => match dtype.id_code() {
+            Some(code) => compact_store_and_read(ids, exact, code),
+            None => {
+                let mut bytes = Vec::new();
+                dtype.encode(exact, &mut bytes);
+                let mut decoded = vec![0f32; k];
+                dtype.decode(&bytes, &mut decoded);
+                Ok((decoded, 4 * k + bytes.len()))
+            }
+        },
         Layout::DistillKit { exact: head, terms } => {
             let head = head.min(k);
             let mut decoded: Vec<f32> = exact[..head]
@@ -612,6 +595,33 @@ fn store_and_read(
             Ok((decoded, bits.div_ceil(8)))
         }
     }
+}
+
+/// A compact layout's block of `ids` and their `exact` values (best first), its ids coded as
+/// `code` says: the decoded values in `ids`' order, and the block's bytes.
+fn compact_store_and_read(
+    ids: &[u32],
+    exact: &[f32],
+    code: compact::IdCode,
+) -> Result<(Vec<f32>, usize)> {
+    let k = ids.len();
+    let mut block = Vec::new();
+    compact::encode(ids, exact, code, &mut Vec::new(), &mut block);
+    let (mut read_ids, mut read) = (vec![0u32; k], vec![0f32; k]);
+    let mut reader = compact::Reader::default();
+    reader.best_first(&block, code, k, &mut read_ids, &mut read, 0.0);
+    // Back to the exact values' order (through the decoded entries sorted by id).
+    let mut by_id: Vec<(u32, f32)> = read_ids.into_iter().zip(read).collect();
+    by_id.sort_unstable_by_key(|e| e.0);
+    let decoded = ids
+        .iter()
+        .map(|id| {
+            let at = by_id.binary_search_by_key(id, |e| e.0);
+            at.map(|i| by_id[i].1)
+                .map_err(|_| anyhow::anyhow!("compact lost id {id}"))
+        })
+        .collect::<Result<Vec<f32>>>()?;
+    Ok((decoded, block.len()))
 }
 
 /// DistillKit's tail: the least-squares fit of `tail` by `terms` of `t = j/(n−1)`, its

@@ -132,8 +132,9 @@ pub struct TrainBenchArgs {
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
     /// Also store the teacher's targets (`xtoken teach`, at the run's top-K, in each of these
-    /// dtypes: `f32`, `bf16`, `q8`, `compact`, `packed`) and time the same run reading them instead of
-    /// running the teacher; the table adds the store's bytes per token and the pass's tokens/s.
+    /// dtypes: `f32`, `bf16`, `q8`, `compact`, `packed`) and time the same run reading them
+    /// instead of running the teacher; the table adds the store's bytes per token and the pass's
+    /// tokens/s.
     #[arg(long, value_delimiter = ',')]
     stored: Vec<String>,
     /// `nccl`: the one worker sums its gradients through NCCL all the same (a communicator of

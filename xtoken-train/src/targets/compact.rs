@@ -874,9 +874,10 @@ mod tests {
 
     proptest! {
         /// Any set of ids and values, with any Rice parameters or the chosen ones and ids packed
-        /// or not, decodes to the same ids, best first (by decoded value, ties to the smaller id), the largest value
-        /// exactly, every finite value within its bound, −∞ as −∞; reading fewer gives the same
-        /// first entries, and reading with a shift the same values shifted.
+        /// or not, decodes to the same ids, best first (by decoded value, ties to the smaller
+        /// id), the largest value exactly, every finite value within its bound, −∞ as −∞;
+        /// reading fewer gives the same first entries, and reading with a shift the same values
+        /// shifted.
         #[test]
         fn blocks_round_trip_within_the_bound(
             picks in proptest::collection::btree_set(0u32..200_000, 1..300),

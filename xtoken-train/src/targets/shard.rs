@@ -7,8 +7,9 @@
 //! `bf16`, `q8`):
 //! `ids [n] u32 · observed [n] f32 · neg_ce [n] f32 · max_prob [n] f32 · neg_entropy [n] f64 ·
 //! top ids [n, k] u32 · values [n] × (k values in the store's dtype)`;
-//! in the compact layouts (`compact`, `packed`: [`super::compact`]), where the confidence columns are there only when
-//! the header's flags say so and each position's entries are a block of its own length:
+//! in the compact layouts (`compact`, `packed`: [`super::compact`]), where the confidence
+//! columns are there only when the header's flags say so and each position's entries are a
+//! block of its own length:
 //! `ids [n] u32 · observed [n] f32 · (neg_ce · max_prob · neg_entropy) · ends [n] u32 ·
 //! blocks` (`ends[q]`: the end of position `q`'s block, from the first block's start).
 
