@@ -12,7 +12,7 @@
 //!   `share NAME VALUE` (one word each), `abort MESSAGE`, `end ok` or `end MESSAGE`.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -353,8 +353,7 @@ fn lead(placement: &Placement, plan: Plan, timeouts: Timeouts) -> Result<Session
 fn take_hello(stream: &TcpStream, placement: &Placement, plan: Plan) -> Result<usize> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line)?;
+    let line = read_first_line(stream)?;
     let words: Vec<&str> = line.split_whitespace().collect();
     let [_, rank, world, workers, hash] = words[..] else {
         return Err(Error::Parallel(format!(
@@ -423,8 +422,7 @@ fn member(placement: &Placement, plan: Plan, timeouts: Timeouts) -> Result<Sessi
     );
     (&stream).write_all(hello.as_bytes())?;
     stream.set_read_timeout(Some(timeouts.join))?;
-    let mut line = String::new();
-    BufReader::new(&stream).read_line(&mut line)?;
+    let line = read_first_line(&stream)?;
     stream.set_read_timeout(None)?;
     let host = match line.trim().split_once(' ') {
         Some(("welcome", host)) => host.to_string(),
@@ -448,6 +446,25 @@ fn member(placement: &Placement, plan: Plan, timeouts: Timeouts) -> Result<Sessi
         shared: Arc::default(),
         link: Link::Member(Arc::new(Mutex::new(stream))),
     })
+}
+
+/// The first line on a connection, read a byte at a time: a buffered reader would also take
+/// what the other side sent right behind it (rank 0's first `share` follows its `welcome` at
+/// once), and drop it with the buffer, before the connection's own reader thread starts.
+fn read_first_line(stream: &TcpStream) -> Result<String> {
+    const LONGEST: usize = 4096;
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.len() < LONGEST {
+        match (&*stream).read(&mut byte) {
+            Ok(0) => break,
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => line.push(byte[0]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(String::from_utf8_lossy(&line).into_owned())
 }
 
 /// What a reader thread saw on a control connection.
@@ -649,6 +666,53 @@ fn one_line(text: &str) -> String {
 mod tests {
     use super::{Placement, Plan, Session, Timeouts};
     use std::time::{Duration, Instant};
+
+    /// Rank 0 may send its first `share` in the same segment as its `welcome`: a member reads
+    /// the value all the same (a buffered read of the welcome once dropped it, and the member
+    /// waited for it for ever).
+    #[test]
+    fn a_value_sent_right_behind_the_welcome_reaches_the_member() {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (finished, keep_open) = std::sync::mpsc::channel::<()>();
+        let leader = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut hello = String::new();
+            BufReader::new(&stream).read_line(&mut hello).unwrap();
+            (&stream)
+                .write_all(b"welcome 127.0.0.1\nshare nccl-id 0123abcd\n")
+                .unwrap();
+            let _ = keep_open.recv_timeout(Duration::from_secs(10));
+            hello
+        });
+        let placement = Placement {
+            rank: 1,
+            world: 2,
+            local_rank: 1,
+            master: "127.0.0.1".into(),
+            port,
+            launcher: "torchrun",
+        };
+        let timeouts = Timeouts {
+            join: Duration::from_secs(20),
+            peer: Duration::from_secs(20),
+            exchange: Duration::from_secs(20),
+        };
+        let plan = Plan {
+            workers: 1,
+            hash: 7,
+        };
+        let member = Session::join(&placement, plan, timeouts).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(member.share("nccl-id", || unreachable!("rank 1 makes nothing")));
+        });
+        let value = rx.recv_timeout(Duration::from_secs(4));
+        assert_eq!(value.expect("the value never arrived").unwrap(), "0123abcd");
+        finished.send(()).unwrap();
+        assert_eq!(leader.join().unwrap(), "hello 1 2 1 7\n");
+    }
 
     /// Two sessions in one process: rank 0 enters a second all-reduce that rank 1 never does.
     #[test]
