@@ -667,6 +667,27 @@ mod tests {
     use super::{Placement, Plan, Session, Timeouts};
     use std::time::{Duration, Instant};
 
+    /// Rank `rank` of a run of two processes on this machine, rank 0 listening on `port`.
+    fn of_two(rank: usize, port: u16) -> Placement {
+        Placement {
+            rank,
+            world: 2,
+            local_rank: rank,
+            master: "127.0.0.1".into(),
+            port,
+            launcher: "torchrun",
+        }
+    }
+
+    /// Join and peer timeouts long enough for a loaded machine, and the exchange timeout given.
+    fn with_exchange(exchange: Duration) -> Timeouts {
+        Timeouts {
+            join: Duration::from_secs(20),
+            peer: Duration::from_secs(20),
+            exchange,
+        }
+    }
+
     /// Rank 0 may send its first `share` in the same segment as its `welcome`: a member reads
     /// the value all the same (a buffered read of the welcome once dropped it, and the member
     /// waited for it for ever).
@@ -686,24 +707,12 @@ mod tests {
             let _ = keep_open.recv_timeout(Duration::from_secs(10));
             hello
         });
-        let placement = Placement {
-            rank: 1,
-            world: 2,
-            local_rank: 1,
-            master: "127.0.0.1".into(),
-            port,
-            launcher: "torchrun",
-        };
-        let timeouts = Timeouts {
-            join: Duration::from_secs(20),
-            peer: Duration::from_secs(20),
-            exchange: Duration::from_secs(20),
-        };
         let plan = Plan {
             workers: 1,
             hash: 7,
         };
-        let member = Session::join(&placement, plan, timeouts).unwrap();
+        let timeouts = with_exchange(Duration::from_secs(20));
+        let member = Session::join(&of_two(1, port), plan, timeouts).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let _ = tx.send(member.share("nccl-id", || unreachable!("rank 1 makes nothing")));
@@ -722,19 +731,8 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let placement = move |rank| Placement {
-            rank,
-            world: 2,
-            local_rank: rank,
-            master: "127.0.0.1".into(),
-            port,
-            launcher: "torchrun",
-        };
-        let timeouts = Timeouts {
-            join: Duration::from_secs(20),
-            peer: Duration::from_secs(20),
-            exchange: Duration::from_millis(400),
-        };
+        let placement = move |rank| of_two(rank, port);
+        let timeouts = with_exchange(Duration::from_millis(400));
         let plan = Plan {
             workers: 1,
             hash: 9,
